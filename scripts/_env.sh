@@ -1,0 +1,34 @@
+# Sourced by run.sh and test.sh: make .venv/ hold DeskEye and what the given extras need.
+# Re-installs only when pyproject.toml or the extras change. Usage: deskeye_env "extras" [pip args...]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+
+deskeye_env() {
+    local extras="$1"; shift
+    local stamp="$VENV/.deskeye-installed"
+    local want
+    want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/_env.sh" | sha256sum | cut -c1-16) $extras $*"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+    echo "deskeye: setting up $VENV (extras: ${extras:-none}) ..." >&2
+    [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    if [ "$#" -gt 0 ]; then "$VENV/bin/python" -m pip install -q "$@"; fi
+    local target="$ROOT"
+    [ -n "$extras" ] && target="$ROOT[$extras]"
+    "$VENV/bin/python" -m pip install -q -e "$target"
+    echo "$want" > "$stamp"
+}
+
+# System packages the desktop app needs (X display tools, Tk, fonts). Installs only what is missing.
+deskeye_apt() {
+    local missing=()
+    for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "deskeye: installing system packages: ${missing[*]}" >&2
+    $sudo apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}

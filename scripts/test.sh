@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: system packages, a pinned CPU environment, pytest.
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -k router`).
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+deskeye_apt xvfb xauth xdotool x11-utils xcompmgr imagemagick fonts-noto-cjk fonts-dejavu-core \
+    tk8.6 libtk8.6 dovecot-imapd libnotify-bin iproute2 util-linux
+# torch is pinned to the CPU build: never let pip pick a CUDA one for the tests.
+deskeye_env "worker,dev" "torch==2.13.0"
+cd "$ROOT"
+exec "$VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,3 @@
+"""Shared fixtures. Each fixture module owns one concept; see tests/fixtures/."""
+
+pytest_plugins = ["tests.fixtures.xvfb"]
