@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='print exactly {"summary", "key_objects", "engine", "latency_ms"}')
     p.add_argument("--engine", choices=["auto", "ocr", "transformers"], help="worker engine (default: settings)")
     p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
-    p.set_defaults(handler="deskeye.app:cmd_describe")
+    p.set_defaults(handler="deskeye.oneshot:cmd_describe")
 
     p = sub.add_parser("ask", help="ask a question about the screen (or an image)")
     p.add_argument("question")
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     p.add_argument("--engine", choices=["auto", "ocr", "transformers"], help="worker engine (default: settings)")
     p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
-    p.set_defaults(handler="deskeye.app:cmd_ask")
+    p.set_defaults(handler="deskeye.oneshot:cmd_ask")
 
     p = sub.add_parser("doctor", help="check display, capture, GPU, model and worker; one line each")
     p.set_defaults(handler="deskeye.doctor:cmd_doctor")
