@@ -1,7 +1,8 @@
 """DeskEye's settings: one validated object, loaded once and passed in. Never read from globals.
 
 The file is TOML at `<platform config dir>/deskeye/settings.toml` (platformdirs). Every option, its
-default and its meaning is listed in `DEFAULT_TOML`, which `deskeye settings --init` writes.
+default and its meaning is written by `deskeye settings --init` (generated from these dataclasses by
+deskeye/settings_cli.py; an option's `# comment` here describes it unless that file's table does).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ DEFAULT_EXCLUDED_TITLES = [
 @dataclass
 class CaptureSettings:
     monitor: int = 1                  # 1 = primary; 0 = all monitors stitched; 2.. = others (mss numbering)
-    region: str = ""                  # "X,Y,W,H" in screen pixels; "" = 800x600 centred on the monitor
+    region: str = ""                  # "X,Y,W,H" in pixels from the monitor's top-left; "" = 800x600 centred
     interval_s: float = 3.0           # seconds between grabs
     change_threshold: int = 12        # max grey-level difference (0-255) on a 64x48 thumbnail that counts as change
     excluded_titles: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDED_TITLES))
@@ -34,9 +35,11 @@ class CaptureSettings:
     debug_save_frames_dir: str = ""   # "" = never write a screenshot to disk
 
     def __post_init__(self):
-        _check(self.monitor >= 0, "capture.monitor", "an integer >= 0 (0 = all, 1 = primary)")
-        _check(self.interval_s >= 0.2, "capture.interval_s", "a number of seconds >= 0.2")
-        _check(0 <= self.change_threshold <= 255, "capture.change_threshold", "an integer from 0 to 255")
+        _check(self.monitor >= 0, "capture.monitor", "an integer >= 0 (0 = all, 1 = primary)",
+               value=self.monitor)
+        _check(self.interval_s >= 0.2, "capture.interval_s", "a number of seconds >= 0.2", value=self.interval_s)
+        _check(0 <= self.change_threshold <= 255, "capture.change_threshold", "an integer from 0 to 255",
+               value=self.change_threshold)
         if self.region:
             parse_region(self.region, key="capture.region")
 
@@ -56,9 +59,9 @@ class OverlaySettings:
     font_size: int = 11
 
     def __post_init__(self):
-        _check(self.fade_after_s >= 0, "overlay.fade_after_s", "a number of seconds >= 0")
-        _check(0.1 <= self.alpha <= 1.0, "overlay.alpha", "a number from 0.1 to 1.0")
-        _check(self.width_px >= 120, "overlay.width_px", "an integer >= 120")
+        _check(self.fade_after_s >= 0, "overlay.fade_after_s", "a number of seconds >= 0", value=self.fade_after_s)
+        _check(0.1 <= self.alpha <= 1.0, "overlay.alpha", "a number from 0.1 to 1.0", value=self.alpha)
+        _check(self.width_px >= 120, "overlay.width_px", "an integer >= 120", value=self.width_px)
 
 
 ENGINES = ("auto", "ocr", "transformers")
@@ -82,12 +85,13 @@ class WorkerSettings:
     ground_with_ocr: bool = False     # add the OCR text of the frame to the model's prompt
 
     def __post_init__(self):
-        _check(self.engine in ENGINES, "worker.engine", " | ".join(ENGINES))
-        _check(self.device in ("auto", "cuda", "cpu"), "worker.device", "auto | cuda | cpu")
-        _check(self.dtype in ("auto", "bf16", "fp16", "fp32"), "worker.dtype", "auto | bf16 | fp16 | fp32")
+        _check(self.engine in ENGINES, "worker.engine", " | ".join(ENGINES), value=self.engine)
+        _check(self.device in ("auto", "cuda", "cpu"), "worker.device", "auto | cuda | cpu", value=self.device)
+        _check(self.dtype in ("auto", "bf16", "fp16", "fp32"), "worker.dtype", "auto | bf16 | fp16 | fp32",
+               value=self.dtype)
         _check(self.url == "" or self.url.startswith(("http://", "https://")), "worker.url",
-               "an http:// or https:// URL, or \"\" to run DeskEye's own worker")
-        _check(self.max_tokens >= 16, "worker.max_tokens", "an integer >= 16")
+               "an http:// or https:// URL, or \"\" to run DeskEye's own worker", value=self.url)
+        _check(self.max_tokens >= 16, "worker.max_tokens", "an integer >= 16", value=self.max_tokens)
 
 
 @dataclass
@@ -95,13 +99,17 @@ class MemorySettings:
     turns: int = 3                    # (question, answer) turns carried into the next prompt
 
     def __post_init__(self):
-        _check(0 <= self.turns <= 20, "memory.turns", "an integer from 0 to 20")
+        _check(0 <= self.turns <= 20, "memory.turns", "an integer from 0 to 20", value=self.turns)
 
 
 @dataclass
 class RouterSettings:
     data_dir: str = ""                # "" = DeskEye's rules/ folder
     min_confidence: float = 0.0       # below this a quick/deep verdict falls back to standard
+
+    def __post_init__(self):
+        _check(0.0 <= self.min_confidence < 1.0, "router.min_confidence", "a number from 0 to 1 (0 = never fall back)",
+               value=self.min_confidence)
 
 
 @dataclass
@@ -112,6 +120,16 @@ class ProviderSettings:
     imap_user: str = ""
     imap_password_env: str = "DESKEYE_IMAP_PASSWORD"   # else the OS keyring, service "deskeye-imap"
     imap_tls: bool = True             # False only for a local test server
+    imap_ca_file: str = ""            # PEM CA file to trust for imap_host, e.g. a self-signed server's ("" = system CAs)
+    imap_mailbox: str = "INBOX"       # the mailbox whose unseen messages are counted
+    imap_timeout_s: float = 5.0       # connect/read timeout for the IMAP server, seconds
+
+    def __post_init__(self):
+        _check(1 <= self.imap_port <= 65535, "providers.imap_port", "a TCP port from 1 to 65535", value=self.imap_port)
+        _check(self.imap_timeout_s > 0, "providers.imap_timeout_s", "a number of seconds > 0",
+               value=self.imap_timeout_s)
+        _check(bool(self.imap_mailbox.strip()), "providers.imap_mailbox", "a mailbox name such as INBOX",
+               value=self.imap_mailbox)
 
 
 @dataclass
@@ -119,6 +137,12 @@ class HookSettings:
     rules_file: str = ""              # the user's hooks.toml; "" = <config dir>/hooks.toml if it exists
     dry_run: bool = False             # log what would run, run nothing
     enabled: bool = True
+    audit_log: str = ""               # JSON-lines audit of every firing; "" = <platform log dir>/deskeye/hooks.log
+    command_timeout_s: float = 10.0   # a hook's command is killed after this many seconds
+
+    def __post_init__(self):
+        _check(self.command_timeout_s > 0, "hooks.command_timeout_s", "a number of seconds > 0",
+               value=self.command_timeout_s)
 
 
 @dataclass
@@ -212,9 +236,13 @@ def _check_type(section: str, key: str, value: Any, f: dataclasses.Field, source
         raise SettingsError(f"{source}: {section}.{key} must be {f.type}; got {value!r}.")
 
 
-def _check(ok: bool, key: str, allowed: str) -> None:
+_UNSET = object()
+
+
+def _check(ok: bool, key: str, allowed: str, *, value: Any = _UNSET) -> None:
     if not ok:
-        raise SettingsError(f"{key}: invalid value; allowed: {allowed}.")
+        shown = "" if value is _UNSET else f" {value!r}"
+        raise SettingsError(f"{key}: invalid value{shown}; allowed: {allowed}.")
 
 
 def with_overrides(settings: Settings, **sections: dict[str, Any]) -> Settings:

@@ -16,6 +16,8 @@ class Engine(ABC):
     model_name: str = "deskeye"
     #: the short engine kind the app reports ("ocr", "transformers", ...)
     kind: str = "engine"
+    #: torch.cuda.empty_cache() calls this engine has made (the worker's cuda_empty_cache metric); 0 without CUDA
+    num_cuda_empty_cache_calls: int = 0
 
     @abstractmethod
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:

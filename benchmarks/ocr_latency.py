@@ -1,0 +1,287 @@
+"""OCR engine latency and accuracy: `python -m benchmarks.ocr_latency [--repeats N] [--sweep]`.
+
+Screens are rendered with real fonts (DejaVu Sans / Mono, Noto Sans CJK) so the true text is known:
+accuracy is the mean similarity of each true line to its best-matching read line (spaces ignored).
+Measured side by side in one run: RapidOCR's defaults vs DeskEye's reader settings, 800x600 and
+1920x1080, the cold first call (a fresh process: import + model load + read), a re-read of a frame
+with one changed line, an unchanged frame, and the engine's whole describe call. Prints a table and
+writes benchmarks/results/ocr_latency.json. Times are wall-clock seconds (median and min of N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+RESULTS_PATH = Path(__file__).parent / "results" / "ocr_latency.json"
+SANS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",)
+MONO = ("/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf",)
+CJK = ("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",)
+
+MAIL_LINES = ["Subject: Quarterly report due Friday", "From: Alice Chen <alice@example.com>",
+              "Meeting moved to 3:30 PM tomorrow", "Invoice #4411 total $1,249.00",
+              "Your package has shipped", "Reminder: dentist 2024-05-12 09:00", "Lunch on Thursday?"]
+CODE_LINES = ["def describe(frame, reader):", "    lines = reader.read(frame).lines", "    return summarise(lines)",
+              "import numpy as np", "class ScreenCache:", "    max_frames = 4  # keep it small"]
+CHANGED_LINE = ("Invoice #4411 total $1,249.00", "Invoice #4412 total $2,310.50")
+
+
+@dataclass(frozen=True)
+class TrueLine:
+    text: str
+    box: tuple[int, int, int, int]      # where it was drawn: left, top, right, bottom
+
+
+@dataclass(frozen=True)
+class ReadLine:
+    text: str
+    center: tuple[float, float]
+
+
+def _font(paths: tuple[str, ...], size: int):
+    from PIL import ImageFont
+
+    for path in paths:
+        if Path(path).is_file():
+            return ImageFont.truetype(path, size)
+    return ImageFont.load_default(size)
+
+
+def render_screen(width: int, height: int, changed: bool = False, max_mail_rows: int | None = None):
+    """A mail-client-like screen (plus an editor pane on wide screens) and the lines drawn on it."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (width, height), (250, 250, 250))
+    draw, truth = ImageDraw.Draw(image), []
+
+    def text(xy, line, font, fill=(20, 20, 20)):
+        draw.text(xy, line, font=font, fill=fill)
+        truth.append(TrueLine(line, draw.textbbox(xy, line, font=font)))
+
+    draw.rectangle([0, 0, width, 44], fill=(38, 70, 140))
+    text((16, 10), "Mail - Inbox (3 unread)", _font(SANS, 20), fill="white")
+    sidebar, body, mono = _font(SANS, 15), _font(SANS, 14), _font(MONO, 14)
+    for i, folder in enumerate(["Inbox", "Sent", "Drafts", "Archive"]):
+        text((16, 64 + i * 30), folder, sidebar)
+    text((16, 64 + 4 * 30), "收件箱 3 封未读邮件", _font(CJK, 15))
+    pane_right = width if width < 1200 else width // 2
+    rows = [CHANGED_LINE[1] if changed and line == CHANGED_LINE[0] else line for line in MAIL_LINES]
+    repeats = max(1, (height - 80) // (36 * len(rows)))
+    for i, line in enumerate((rows * repeats)[:max_mail_rows]):
+        text((200, 64 + i * 36), line, body)
+    if pane_right < width:
+        draw.rectangle([pane_right, 44, width, height], fill=(30, 30, 36))
+        for i, line in enumerate(CODE_LINES * 4):
+            text((pane_right + 24, 64 + i * 30), line, mono, fill=(220, 220, 210))
+    return image, truth
+
+
+def accuracy(truth: list[TrueLine], read: list) -> float:
+    """Mean over true lines of the similarity (0..1, spaces and case ignored) of the text read where the
+    line was drawn: the best of the read lines whose box centre lies inside the drawn box (grown by 6 px).
+    A line read nowhere scores 0; repeated lines are scored each in its place."""
+    scores = []
+    for line in truth:
+        left, top, right, bottom = line.box
+        here = [r.text for r in read if left - 6 <= r.center[0] <= right + 6 and top - 6 <= r.center[1] <= bottom + 6]
+        want = "".join(line.text.lower().split())
+        scores.append(max((difflib.SequenceMatcher(None, want, "".join(got.lower().split())).ratio()
+                           for got in here), default=0.0))
+    return round(sum(scores) / max(1, len(scores)), 4)
+
+
+def timed(call: Callable[[], object], repeats: int) -> tuple[dict, object]:
+    """Wall time (what a user waits) and this process's CPU time (all threads; steadier on a shared box)."""
+    times, cpu_times, result = [], [], None
+    for _ in range(repeats):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        result = call()
+        times.append(time.perf_counter() - started)
+        cpu_times.append(time.process_time() - started_cpu)
+    return {"median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
+            "cpu_s": round(statistics.median(cpu_times), 4), "n": repeats}, result
+
+
+def rapidocr_defaults() -> Callable:
+    """RapidOCR exactly as its README runs it: angle classifier on, det limit 736 (min side), rec at 48 px."""
+    import numpy as np
+    from rapidocr_onnxruntime import RapidOCR
+
+    ocr = RapidOCR()
+
+    def read(image) -> list[ReadLine]:
+        result, _ = ocr(np.asarray(image)[:, :, ::-1].copy())
+        return [ReadLine(text, tuple(np.asarray(box).mean(axis=0).tolist())) for box, text, _ in result or []]
+    return read
+
+
+def deskeye_reader(**options) -> tuple[Callable, object]:
+    from inference_worker.ocr_reader import OcrConfig, OcrReader
+
+    reader = OcrReader(OcrConfig(**options))
+    return (lambda image: list(reader.read_full(image).lines)), reader
+
+
+def cold_call_child(width: int, height: int) -> None:
+    """Run in a fresh process: the first read, as the worker's first request sees it (models load lazily)."""
+    image, truth = render_screen(width, height)
+    started = time.perf_counter()
+    from inference_worker.ocr_reader import OcrReader
+
+    reader = OcrReader()
+    imported = time.perf_counter()
+    reader.load()                                   # onnxruntime + opencv import, three sessions from the wheel
+    loaded = time.perf_counter()
+    lines = reader.read(image).lines
+    done = time.perf_counter()
+    print(json.dumps({"median_s": round(done - started, 4), "import_s": round(imported - started, 4),
+                      "load_s": round(loaded - imported, 4), "first_read_s": round(done - loaded, 4),
+                      "accuracy": accuracy(truth, lines)}))
+
+
+def cold_call(width: int, height: int) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ocr_latency", "--cold-child", f"{width}x{height}"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cold-call child failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+SCREENS = {"800x600, 9 lines": (800, 600, 3), "800x600, 20 lines": (800, 600, None),
+           "1920x1080, 51 lines": (1920, 1080, None)}
+
+
+def full_read_rows(configs, repeats: int) -> list[dict]:
+    rows = []
+    for name, make in configs:
+        read = make()
+        for screen, (width, height, max_mail_rows) in SCREENS.items():
+            image, truth = render_screen(width, height, max_mail_rows=max_mail_rows)
+            read(image)                                            # warm: model loaded, caches filled
+            stats, texts = timed(lambda: read(image), repeats)
+            rows.append({"case": f"full read {screen}", "config": name, **stats,
+                         "lines": len(texts), "true_lines": len(truth), "accuracy": accuracy(truth, texts)})
+    return rows
+
+
+def reread_rows(sizes, repeats: int) -> list[dict]:
+    """Alternate two frames that differ in one line: every read after the first is a partial re-read."""
+    from inference_worker.ocr_reader import OcrReader
+
+    rows = []
+    for width, height in sizes:
+        frames = [render_screen(width, height, changed=flag) for flag in (False, True)]
+        reader = OcrReader()
+        reader.read(frames[0][0])
+        results, times, cpu_times = [], [], []
+        for i in range(repeats):
+            started, started_cpu = time.perf_counter(), time.process_time()
+            results.append(reader.read(frames[(i + 1) % 2][0]))
+            times.append(time.perf_counter() - started)
+            cpu_times.append(time.process_time() - started_cpu)
+        last = results[-1]
+        full = OcrReader().read(frames[repeats % 2][0])
+        rows.append({"case": f"re-read, one line changed {width}x{height}", "config": "deskeye",
+                     "median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
+                     "cpu_s": round(statistics.median(cpu_times), 4), "n": repeats,
+                     "regions": len(last.regions), "area_read_fraction": round(last.area_read_fraction, 4),
+                     "same_lines_as_full_read": [ln.text for ln in last.lines] == [ln.text for ln in full.lines],
+                     "accuracy": accuracy(frames[repeats % 2][1], last.lines)})
+        stats, same = timed(lambda: reader.read(frames[repeats % 2][0]), repeats)
+        rows.append({"case": f"unchanged frame {width}x{height}", "config": "deskeye", **stats,
+                     "regions": len(same.regions)})
+    return rows
+
+
+def describe_row(screen: str, repeats: int) -> dict:
+    from inference_worker.engines.ocr import OcrEngine
+    from inference_worker.protocol import build_messages, deskeye_response_format, parse_chat_request
+
+    engine = OcrEngine()
+    width, height, max_mail_rows = SCREENS[screen]
+    image, _ = render_screen(width, height, max_mail_rows=max_mail_rows)
+    request = parse_chat_request({"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", None),
+                                  "response_format": deskeye_response_format()})
+
+    def call():
+        engine.reader.reset()                                   # a full read each time: the worst case
+        return engine.complete(request, [image])
+    call()
+    stats, completion = timed(call, repeats)
+    return {"case": f"describe {screen} (engine, full read)", "config": "deskeye", **stats,
+            "answer": json.loads(completion.text)}
+
+
+def deskeye_label() -> str:
+    from inference_worker.ocr_reader import OcrConfig
+
+    config = OcrConfig()
+    return (f"deskeye (no cls, det<={config.det_max_side_px}, rec {config.rec_height_px}, "
+            f"{config.num_threads} thr)")
+
+
+def sweep_configs() -> list[tuple[str, Callable]]:
+    configs = []
+    for det in (960, 1280, 1920):
+        for rec in (32, 36, 48):
+            configs.append((f"det<={det} rec={rec}", lambda d=det, r=rec: deskeye_reader(det_max_side_px=d,
+                                                                                          rec_height_px=r)[0]))
+    return configs
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'case':<48} {'config':<44} {'median_s':>9} {'min_s':>7} {'cpu_s':>7} {'acc':>6}  notes")
+    for row in rows:
+        notes = {k: v for k, v in row.items() if k in ("lines", "regions", "area_read_fraction",
+                                                       "same_lines_as_full_read", "load_s", "first_read_s")}
+        acc = f"{row['accuracy']:.3f}" if "accuracy" in row else ""
+        print(f"{row['case']:<48} {row['config']:<44} {row.get('median_s', ''):>9} {row.get('min_s', ''):>7} "
+              f"{row.get('cpu_s', ''):>7} {acc:>6}  {notes}")
+
+
+def environment() -> dict:
+    import onnxruntime
+
+    from inference_worker.ocr_reader import OcrConfig
+
+    return {"python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
+            "cpu_count": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()],
+            "deskeye_config": asdict(OcrConfig())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (median and min reported)")
+    parser.add_argument("--sweep", action="store_true", help="also compare detector sizes x recognition heights")
+    parser.add_argument("--cold-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.cold_child:
+        cold_call_child(*map(int, args.cold_child.split("x")))
+        return
+    env = environment()
+    rows = [{"case": "cold first call 800x600 (new process)", "config": "deskeye", **cold_call(800, 600)}]
+    configs = [("rapidocr defaults (cls, det min 736, rec 48)", rapidocr_defaults),
+               (deskeye_label(), lambda: deskeye_reader()[0])]
+    rows += full_read_rows(configs + (sweep_configs() if args.sweep else []), args.repeats)
+    rows += reread_rows([(800, 600), (1920, 1080)], args.repeats)
+    rows += [describe_row(screen, args.repeats) for screen in ("800x600, 9 lines", "800x600, 20 lines")]
+    env["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    print_table(rows)
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps({"environment": env, "rows": rows}, indent=2, ensure_ascii=False) + "\n",
+                            encoding="utf-8")
+    print(f"wrote {RESULTS_PATH}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,406 @@
+"""`deskeye run`: the desktop app. Capture -> (privacy, change) -> job queue -> route -> worker -> overlay/hooks.
+
+Threads, each stoppable:
+- capture loop: every `capture.interval_s`, unless paused or an excluded window is active, grab the
+  region; if it changed since the last described frame, queue an automatic describe;
+- job thread: serves describe/ask jobs one at a time, in order (hotkey and tray jobs first, none dropped);
+- hotkeys (pynput), tray (pystray, daemon) and the overlay's Tk thread: they only enqueue or display.
+Automatic descriptions go to the screen memory ("what was that?") and the hooks; what the user asked
+for is also shown in the overlay and kept in the rolling conversation memory (cleared on pause/quit).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from deskeye.capture import Frame, ScreenGrabber, check_display
+from deskeye.change import ChangeDetector
+from deskeye.errors import DeskEyeError, SettingsError
+from deskeye.jobs import ASK, AUTO, DESCRIBE, HOTKEY, TRAY, Job, JobQueue
+from deskeye.memory import ConversationMemory
+from deskeye.overlay import Overlay
+from deskeye.privacy import check_privacy
+from deskeye.settings import Settings, default_settings_path, with_overrides
+from deskeye.tray import BUSY, IDLE, PAUSED, WORKER_DOWN, Tray, TrayActions, open_settings_file
+from inference_worker.protocol import DESCRIBE_QUESTION, Description
+
+log = logging.getLogger(__name__)
+
+JOB_POLL_S = 0.5                 # how often an idle job thread checks for quit
+JOIN_TIMEOUT_S = 10.0
+DEEP_MAX_TOKENS_FACTOR = 4       # a deep question may answer at length: this many times worker.max_tokens
+MAX_REQUEST_TOKENS = 1024        # the worker's default --max-tokens-limit
+
+
+class App:
+    def __init__(self, settings: Settings, *, region: str | None = None, supervisor=None, client=None,
+                 router=None, quick=None, screen_memory=None, notifier=None, hooks=None,
+                 use_tray: bool = True, use_hotkeys: bool = True, settings_path: Path | None = None):
+        self.settings = settings
+        self.settings_path = settings_path or settings.config_dir / "settings.toml"
+        self.grabber = ScreenGrabber(settings.capture, region)
+        self.change = ChangeDetector(settings.capture.change_threshold)
+        self.memory = ConversationMemory(settings.memory.turns)
+        self.jobs = JobQueue()
+        self.supervisor, self.client = supervisor, client
+        self.router, self.quick, self.screen_memory = router, quick, screen_memory
+        self.notifier, self.hooks = notifier, hooks
+        self.overlay: Overlay | None = None
+        self.tray: Tray | None = Tray(self.tray_actions()) if use_tray else None
+        self.hotkeys = None
+        self._use_hotkeys = use_hotkeys
+        self._paused = threading.Event()
+        self._busy = threading.Event()
+        self._stop = threading.Event()
+        self._closed = threading.Event()
+        self._quit_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start every part; if one cannot start, stop what did and raise its error."""
+        check_display()
+        try:
+            self._start_parts()
+        except BaseException:
+            self.quit()
+            self.wait(JOIN_TIMEOUT_S * 2)
+            raise
+
+    def _start_parts(self) -> None:
+        self._build_parts()
+        self.overlay = Overlay(self.settings.overlay, self._overlay_area())
+        self.overlay.start()
+        self.supervisor.start(wait=False)
+        self._spawn("deskeye-jobs", self._job_loop)
+        self._spawn("deskeye-capture", self._capture_loop)
+        if self._use_hotkeys:
+            from deskeye.hotkeys import Hotkeys
+            self.hotkeys = Hotkeys(self.settings.hotkeys, on_describe=lambda: self.describe_now(HOTKEY),
+                                   on_pause=self.toggle_pause)
+            try:
+                self.hotkeys.start()
+            except SettingsError:
+                raise
+            except DeskEyeError as exc:       # the tray still works: say so and carry on
+                log.warning("%s", exc)
+                self.hotkeys = None
+                self._show("error", str(exc))
+        if self.tray is not None:
+            self.tray.start()
+        self._refresh_state()
+
+    def _build_parts(self) -> None:
+        """The parts not handed in: built here, not at import (each reads its own settings)."""
+        from deskeye.client import WorkerClient
+        from deskeye.hooks import build_runner
+        from deskeye.notify import Notifier
+        from deskeye.providers import QuickAnswerer, ScreenMemory
+        from deskeye.supervisor import WorkerSupervisor
+        if self.supervisor is None:
+            self.supervisor = WorkerSupervisor(self.settings)
+        self.supervisor.on_state_change = lambda state: self._refresh_state()
+        if self.client is None:
+            self.client = WorkerClient(self.supervisor, self.settings)
+        if self.screen_memory is None:
+            self.screen_memory = ScreenMemory()
+        if self.quick is None:
+            self.quick = QuickAnswerer(self.settings, self.screen_memory)
+        if self.notifier is None:
+            self.notifier = Notifier()
+        if self.hooks is None:
+            self.hooks = build_runner(self.settings, self.notifier)
+
+    def _overlay_area(self):
+        """The watched monitor (the overlay goes to its top-right); checks the region lies on it."""
+        try:
+            self.grabber.rect()
+            return self.grabber.monitor()
+        finally:
+            self.grabber.close_thread()
+
+    def _spawn(self, name: str, target) -> None:
+        thread = threading.Thread(target=target, name=name)
+        self._threads.append(thread)
+        thread.start()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the app has quit (True) or `timeout_s` passed (False)."""
+        return self._closed.wait(timeout_s)
+
+    def ready_line(self) -> str:
+        rect, hotkeys = self.grabber.rect(), self.settings.hotkeys
+        self.grabber.close_thread()
+        keys = f"describe {hotkeys.describe}, pause {hotkeys.pause}" if self.hotkeys else "hotkeys off"
+        return (f"deskeye: watching {rect.width}x{rect.height} at {rect.left},{rect.top} "
+                f"(monitor {self.settings.capture.monitor}); {keys}; quit from the tray or with Ctrl+C.")
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused.is_set()
+
+    # ------------------------------------------------------------------ actions (tray, hotkeys, tests)
+
+    def tray_actions(self) -> TrayActions:
+        return TrayActions(describe_now=lambda: self.describe_now(TRAY), ask=self.open_ask,
+                           toggle_pause=self.toggle_pause, open_settings=self.open_settings,
+                           quit=self.quit, is_paused=lambda: self.is_paused)
+
+    def describe_now(self, source: str = HOTKEY) -> None:
+        self.jobs.put(Job(DESCRIBE, source))
+
+    def ask(self, question: str, source: str = TRAY) -> None:
+        question = question.strip()
+        if question:
+            self.jobs.put(Job(ASK, source, question=question))
+
+    def open_ask(self) -> None:
+        if self.overlay is not None:
+            self.overlay.open_ask_dialog(self.ask)
+
+    def toggle_pause(self) -> None:
+        self.resume() if self.is_paused else self.pause()
+
+    def pause(self) -> None:
+        self._paused.set()
+        self._forget()
+        self._show("notice", f"Paused: DeskEye is not looking. Resume from the tray or press "
+                             f"{self.settings.hotkeys.pause}.")
+        self._refresh_state()
+
+    def _forget(self) -> None:
+        """Privacy: drop what DeskEye remembers of the screen and the conversation."""
+        self.memory.clear()
+        if self.screen_memory is not None:
+            self.screen_memory.clear()
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self.change.reset()             # describe the screen as it is now
+        self._show("notice", "Watching again.")
+        self._refresh_state()
+
+    def open_settings(self) -> None:
+        try:
+            open_settings_file(self.settings_path)
+        except (DeskEyeError, OSError) as exc:
+            self._show("error", str(exc))
+
+    def quit(self) -> None:
+        """Stop everything (on a separate thread, so any thread may call it); `wait()` returns when done."""
+        with self._quit_lock:
+            if self._stop.is_set():
+                return
+            self._stop.set()
+        threading.Thread(target=self._shutdown, name="deskeye-quit").start()
+
+    def _shutdown(self) -> None:
+        try:
+            if self.hotkeys is not None:
+                self.hotkeys.stop()
+            if self.tray is not None:
+                self.tray.stop()
+            self.jobs.put_stop()
+            if self.supervisor is not None:
+                self.supervisor.stop()      # an in-flight request fails fast instead of running on
+            for thread in self._threads:
+                thread.join(JOIN_TIMEOUT_S)
+            self.jobs.drain()
+            for part in (self.client, self.hooks):
+                if part is not None and hasattr(part, "close"):
+                    part.close()
+            self._forget()
+            if self.overlay is not None:
+                self.overlay.stop()
+        finally:
+            self._closed.set()
+
+    # ------------------------------------------------------------------ capture loop
+
+    def _capture_loop(self) -> None:
+        try:
+            while not self._stop.wait(self.settings.capture.interval_s):
+                if not self.is_paused:
+                    self._capture_tick()
+        finally:
+            self.grabber.close_thread()
+
+    def _capture_tick(self) -> None:
+        verdict = check_privacy(self.settings.excluded_titles)
+        if verdict.is_excluded:
+            log.debug("not capturing: %s", verdict.reason)
+            return
+        try:
+            frame = self.grabber.grab()
+        except DeskEyeError as exc:
+            log.warning("capture failed: %s", exc)
+            return
+        if self.change.is_changed(frame.image):
+            self.change.mark_described(frame.image)
+            self.jobs.put(Job(DESCRIBE, AUTO, frame=frame))
+
+    # ------------------------------------------------------------------ job thread
+
+    def _job_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    job = self.jobs.get(JOB_POLL_S)
+                except StopIteration:
+                    return
+                if job is not None:
+                    self._serve(job)
+        finally:
+            self.grabber.close_thread()
+
+    def _serve(self, job: Job) -> None:
+        self._busy.set()
+        self._refresh_state()
+        try:
+            if job.kind == DESCRIBE:
+                self._describe(job)
+            else:
+                self._ask(job)
+        except DeskEyeError as exc:
+            self._fail(job, str(exc))
+        except Exception as exc:            # a bug must not end the job thread: show it, keep serving
+            log.exception("job %s failed", job)
+            self._fail(job, f"Internal error: {exc}")
+        finally:
+            self._busy.clear()
+            self._refresh_state()
+
+    def _fail(self, job: Job, message: str) -> None:
+        if job.is_user:
+            self._show("error", message)
+        else:
+            log.warning("automatic describe failed: %s", message)
+            self.change.reset()              # try again on the next tick
+
+    def _describe(self, job: Job) -> None:
+        if self.is_paused and not job.is_user:
+            return                           # queued before the pause: dropped
+        frame = job.frame or self._user_frame()
+        if frame is None:
+            return
+        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns())
+        self.change.mark_described(frame.image)
+        self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
+        self._show("answer", answer.summary, answer.key_objects)   # a changed screen is shown too
+
+    def _ask(self, job: Job) -> None:
+        route = self._route(job.question)
+        if route == "quick":
+            quick = self.quick.answer(job.question)
+            if quick is not None:
+                self._show("error" if quick.is_error else "answer", quick.text)
+                return
+        deep = route == "deep"
+        if deep:
+            self._show("thinking")
+        frame = self._user_frame()
+        if frame is None:
+            return
+        max_tokens = None
+        if deep:
+            max_tokens = min(self.settings.worker.max_tokens * DEEP_MAX_TOKENS_FACTOR, MAX_REQUEST_TOKENS)
+        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens)
+        self._remember(job.question, answer)
+        self._show("answer", answer.summary, answer.key_objects)
+        if deep:
+            self.notifier.notify("DeskEye", answer.summary)
+
+    def _route(self, question: str) -> str:
+        if self.router is None:
+            from deskeye.router import Router
+            self.router = Router.load(self.settings)
+        return self.router.route(question).tier
+
+    def _user_frame(self) -> Frame | None:
+        """A fresh frame for a user's request, or None (shown why) when paused or an excluded window is active."""
+        if self.is_paused:
+            self._show("notice", f"DeskEye is paused and not looking at the screen. Resume it from the tray "
+                                 f"or press {self.settings.hotkeys.pause}.")
+            return None
+        verdict = check_privacy(self.settings.excluded_titles)
+        if verdict.is_excluded:
+            self._show("notice", verdict.reason)
+            return None
+        return self.grabber.grab()
+
+    def _png(self, frame: Frame) -> bytes:
+        png = frame.png()
+        folder = self.settings.capture.debug_save_frames_dir
+        if folder:
+            path = Path(folder).expanduser()
+            path.mkdir(parents=True, exist_ok=True)
+            (path / f"frame-{time.time_ns()}.png").write_bytes(png)
+        return png
+
+    def _remember(self, question: str, answer) -> None:
+        """Screen memory and hooks get every description; the conversation memory what the user asked
+        (`question`, "" for automatic ones). Nothing is kept if the user paused while it was on its way."""
+        if self.is_paused:
+            return
+        description = Description(answer.summary, list(answer.key_objects))
+        self.screen_memory.remember(description)
+        if question:
+            self.memory.add(question, answer.summary)
+        if self.settings.hooks.enabled:
+            self.hooks.fire(description)
+
+    # ------------------------------------------------------------------ display
+
+    def _show(self, kind: str, text: str = "", key_objects=()) -> None:
+        if self.overlay is None:
+            return
+        if kind == "answer":
+            self.overlay.show_answer(text, list(key_objects))
+        elif kind == "thinking":
+            self.overlay.show_thinking()
+        elif kind == "error":
+            self.overlay.show_error(text)
+        else:
+            self.overlay.show_notice(text)
+
+    def _refresh_state(self) -> None:
+        if self.tray is None:
+            return
+        worker_state = getattr(self.supervisor, "state", "")
+        if self.is_paused:
+            state = PAUSED
+        elif worker_state == "down":
+            state = WORKER_DOWN
+        elif self._busy.is_set():
+            state = BUSY
+        else:
+            state = IDLE
+        if state != self.tray.state:
+            self.tray.set_state(state)
+
+
+def cmd_run(args, settings: Settings) -> int:
+    """`deskeye run [--region X,Y,W,H] [--engine E] [--model M]`: run until Quit (tray) or Ctrl+C."""
+    worker = {k: v for k, v in (("engine", args.engine), ("model", args.model)) if v}
+    if worker:
+        settings = with_overrides(settings, worker=worker)
+    path = Path(args.settings) if getattr(args, "settings", None) else default_settings_path()
+    app = App(settings, region=args.region, settings_path=path)
+    signal.signal(signal.SIGTERM, lambda *_: app.quit())
+    try:
+        app.start()
+        print(app.ready_line(), file=sys.stderr, flush=True)
+        while not app.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        app.quit()
+        app.wait(JOIN_TIMEOUT_S * 2)
+    return 0

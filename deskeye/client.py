@@ -1,0 +1,194 @@
+"""Ask the worker (ours or any OpenAI-compatible server) one question about one frame.
+
+The request goes through the official `openai` client: the messages come from
+`inference_worker.protocol.build_messages`, the output is constrained with `deskeye_response_format()`
+and read back with `parse_description`, so the wire format lives in one place. If the connection drops
+because our worker died, the client waits for the supervisor's restart and sends the same request once
+more, so no hotkey press is silently lost.
+
+The answer is untrusted model text: it is returned as data and never put into a shell, URL or path.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from deskeye.errors import AnswerError, WorkerUnavailable
+from deskeye.settings import Settings
+from deskeye.supervisor import Endpoint, WorkerSupervisor
+from inference_worker.protocol import Turn, build_messages, deskeye_response_format, parse_description
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@dataclass
+class Answer:
+    summary: str
+    key_objects: list[str]
+    engine: str                  # "ocr", "transformers", ... or "external:<model id>"
+    latency_ms: int              # wall time of the request, as seen by the app
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class WorkerClient:
+    def __init__(self, supervisor: WorkerSupervisor, settings: Settings):
+        self.supervisor = supervisor
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._client = None                      # openai.OpenAI for `_client_endpoint`
+        self._client_endpoint: Endpoint | None = None
+        self._model_ids: dict[Endpoint, str] = {}
+
+    def ask(self, question: str, image_png: bytes | None, memory: list[Turn] = (), *,
+            max_tokens: int | None = None, context: str | None = None) -> Answer:
+        """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use)."""
+        import openai
+
+        messages = build_messages(question, image_png, list(memory), context)
+        max_tokens = max_tokens or self.settings.worker.max_tokens
+        endpoint = self.supervisor.endpoint()
+        try:
+            return self._ask_once(endpoint, messages, max_tokens)
+        except openai.APITimeoutError:
+            raise self._timeout_error(endpoint) from None
+        except openai.APIConnectionError:
+            endpoint = self.supervisor.recover(endpoint)     # raises WorkerUnavailable if it stays down
+        try:
+            return self._ask_once(endpoint, messages, max_tokens)
+        except openai.APITimeoutError:
+            raise self._timeout_error(endpoint) from None
+        except openai.APIConnectionError as exc:
+            raise WorkerUnavailable(f"Lost the connection to the worker at {endpoint.url} twice ({exc}); "
+                                    "it may be crashing. Run `deskeye doctor`.") from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+            self._client, self._client_endpoint = None, None
+
+    # ------------------------------------------------------------------ one request
+
+    def _ask_once(self, endpoint: Endpoint, messages: list[dict], max_tokens: int) -> Answer:
+        import openai
+
+        client = self._openai(endpoint)
+        model = self._model_id(client, endpoint)
+        started = time.perf_counter()
+        try:
+            response = client.chat.completions.create(
+                model=model, messages=messages, response_format=deskeye_response_format(),
+                temperature=0, max_tokens=max_tokens)
+        except openai.APIStatusError as exc:
+            raise self._status_error(endpoint, exc) from None
+        latency_ms = round((time.perf_counter() - started) * 1000)
+        return self._answer(endpoint, response, latency_ms)
+
+    def _answer(self, endpoint: Endpoint, response, latency_ms: int) -> Answer:
+        if not response.choices:
+            raise AnswerError(f"The server at {endpoint.url} returned no answer (empty 'choices').")
+        choice = response.choices[0]
+        content = choice.message.content or ""
+        try:
+            description = parse_description(content)
+        except ValueError as exc:
+            raise AnswerError(self._unusable_message(endpoint, exc, choice.finish_reason)) from None
+        return Answer(description.summary, description.key_objects, self._engine(response), latency_ms)
+
+    def _engine(self, response) -> str:
+        extra = (response.model_extra or {}).get("deskeye")
+        if isinstance(extra, dict) and isinstance(extra.get("engine"), str):
+            return extra["engine"]
+        return f"external:{response.model or 'unknown'}"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _openai(self, endpoint: Endpoint):
+        from openai import OpenAI
+
+        with self._lock:
+            if self._client_endpoint != endpoint:
+                if self._client is not None:
+                    self._client.close()
+                self._client = OpenAI(base_url=f"{endpoint.url}/v1", api_key=endpoint.api_key or "none",
+                                      timeout=self.settings.worker.request_timeout_s, max_retries=0)
+                self._client_endpoint = endpoint
+            return self._client
+
+    def _model_id(self, client, endpoint: Endpoint) -> str:
+        """The model to ask for: the endpoint's (state file / settings), else the server's first listed model."""
+        import openai
+
+        if endpoint.model:
+            return endpoint.model
+        if endpoint not in self._model_ids:
+            try:
+                models = client.models.list().data
+            except openai.AuthenticationError:
+                raise WorkerUnavailable(self._auth_message(endpoint)) from None
+            except openai.APIStatusError as exc:
+                raise WorkerUnavailable(f"The server at {endpoint.url} did not list its models "
+                                        f"(HTTP {exc.status_code}); set worker.remote_model.") from None
+            if not models:
+                raise WorkerUnavailable(f"The server at {endpoint.url} lists no models; load one there, "
+                                        "or set worker.remote_model.")
+            self._model_ids[endpoint] = models[0].id
+        return self._model_ids[endpoint]
+
+    def _status_error(self, endpoint: Endpoint, exc) -> Exception:
+        """An HTTP error answer -> WorkerUnavailable (cannot serve now) or AnswerError (this request failed)."""
+        status = exc.status_code
+        if status in (401, 403):
+            return WorkerUnavailable(self._auth_message(endpoint))
+        if status == 503:
+            return WorkerUnavailable(f"The worker at {endpoint.url} is not ready: {_error_text(exc)}")
+        if status in (400, 422):
+            return AnswerError(self._rejected_message(endpoint, exc))
+        hint = (" Check worker.remote_model (`deskeye doctor` lists the server's models)."
+                if status == 404 and self.supervisor.is_external else "")
+        return AnswerError(f"The worker at {endpoint.url} failed to answer (HTTP {status}): "
+                           f"{_error_text(exc)}{hint}")
+
+    def _timeout_error(self, endpoint: Endpoint) -> WorkerUnavailable:
+        return WorkerUnavailable(f"No answer from the worker at {endpoint.url} within "
+                                 f"{self.settings.worker.request_timeout_s:.0f} s (worker.request_timeout_s).")
+
+    def _auth_message(self, endpoint: Endpoint) -> str:
+        if self.supervisor.is_external:
+            return (f"The server at {endpoint.url} rejected the API key. Set worker.api_key, or the "
+                    f"environment variable {self.settings.worker.api_key_env}.")
+        return f"DeskEye's worker at {endpoint.url} rejected the API key from its own state file; restart DeskEye."
+
+    def _rejected_message(self, endpoint: Endpoint, exc) -> str:
+        text = f"The server at {endpoint.url} rejected the request: {_error_text(exc)}"
+        if self.supervisor.is_external:
+            text += (" DeskEye needs chat completions with images and response_format "
+                     "{\"type\": \"json_schema\"}; check that the server and model support both.")
+        return text
+
+    def _unusable_message(self, endpoint: Endpoint, exc: ValueError, finish_reason: str | None) -> str:
+        text = f"The answer from {endpoint.url} is not a DeskEye description: {exc}"
+        if finish_reason == "length":
+            text += " It was cut off at the token limit (worker.max_tokens)."
+        if self.supervisor.is_external:
+            text += (" This server may ignore response_format json_schema (structured output); use one that "
+                     "supports it (vLLM, llama.cpp server, Ollama, SGLang).")
+        return text
+
+
+def _error_text(exc) -> str:
+    """The server's error message, shortened and made printable (shown to the user as data, never run)."""
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    message = inner.get("message") if isinstance(inner, dict) else inner
+    return printable(str(message or exc)[:500])
+
+
+def printable(text: str) -> str:
+    """Untrusted text for a terminal: control characters (escape sequences) shown as \\x.., never interpreted."""
+    return _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

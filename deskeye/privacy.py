@@ -1,0 +1,131 @@
+"""Privacy: DeskEye does not look while a sensitive window (password manager, private browsing) is active.
+
+The active window's title comes from the X server (python-xlib): `_NET_ACTIVE_WINDOW` when a window
+manager publishes it, else the input-focus window (walking up to the window that has a name), else
+the top-level window under the pointer (no window manager: focus follows the pointer). Frames taken
+while an excluded title is active are dropped before any request is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+MAX_TREE_DEPTH = 16
+XDOTOOL_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class PrivacyVerdict:
+    is_excluded: bool
+    title: str | None          # the active window's title, None when unknown
+    matched: str = ""          # the exclusion entry that matched
+
+    @property
+    def reason(self) -> str:
+        return (f"DeskEye is not looking: the active window ({self.title!r}) matches the exclusion "
+                f"entry {self.matched!r}.") if self.is_excluded else ""
+
+
+def matching_exclusion(title: str | None, excluded_titles: list[str]) -> str:
+    """The first entry that is a case-insensitive substring of `title`, or ""."""
+    if not title:
+        return ""
+    lowered = title.casefold()
+    return next((entry for entry in excluded_titles if entry and entry.casefold() in lowered), "")
+
+
+def check_privacy(excluded_titles: list[str], title_reader=None) -> PrivacyVerdict:
+    title = (title_reader or active_window_title)()
+    matched = matching_exclusion(title, excluded_titles)
+    return PrivacyVerdict(bool(matched), title, matched)
+
+
+def active_window_title() -> str | None:
+    """The title of the window the user is working in, or None when it cannot be known."""
+    if not sys.platform.startswith("linux") or not os.environ.get("DISPLAY"):
+        return None
+    try:
+        return _xlib_active_title()
+    except ImportError:
+        return _xdotool_active_title()
+    except Exception as exc:   # an X error (window gone mid-query, display closed): unknown this time
+        log.debug("Cannot read the active window title: %s", exc)
+        return None
+
+
+def _xlib_active_title() -> str | None:
+    from Xlib import X, display
+    conn = display.Display()
+    try:
+        window = _active_window(conn, X)
+        return _named_ancestor_title(conn, window) if window is not None else None
+    finally:
+        conn.close()
+
+
+def _active_window(conn, X):
+    root = conn.screen().root
+    prop = root.get_full_property(conn.intern_atom("_NET_ACTIVE_WINDOW"), X.AnyPropertyType)
+    if prop is not None and len(prop.value) and prop.value[0]:
+        return conn.create_resource_object("window", int(prop.value[0]))
+    focus = conn.get_input_focus().focus
+    if isinstance(focus, int):          # PointerRoot (1) or None (0): keys go to the window under the pointer
+        child = root.query_pointer().child
+        return child if child and not isinstance(child, int) else None
+    return None if focus.id == root.id else focus
+
+
+def _window_title(conn, window) -> str | None:
+    utf8 = conn.intern_atom("UTF8_STRING")
+    prop = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), utf8)
+    if prop is not None and prop.value:
+        value = prop.value
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    name = window.get_wm_name()
+    if isinstance(name, bytes):
+        return name.decode("latin-1")
+    return name or None
+
+
+def _named_ancestor_title(conn, window) -> str | None:
+    """The title of `window` or its nearest named ancestor (Tk and toolkits focus an unnamed child)."""
+    root_id = conn.screen().root.id
+    for _ in range(MAX_TREE_DEPTH):
+        title = _window_title(conn, window)
+        if title:
+            return title
+        parent = window.query_tree().parent
+        if not parent or isinstance(parent, int) or parent.id == root_id:
+            return _named_child_title(conn, window)
+        window = parent
+    return None
+
+
+def _named_child_title(conn, window) -> str | None:
+    """A reparenting WM's frame has no name; its client child does."""
+    for child in window.query_tree().children:
+        title = _window_title(conn, child)
+        if title:
+            return title
+    return None
+
+
+def _xdotool_active_title() -> str | None:
+    xdotool = shutil.which("xdotool")
+    if not xdotool:
+        return None
+    for argv in ([xdotool, "getactivewindow", "getwindowname"], [xdotool, "getwindowfocus", "getwindowname"]):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=XDOTOOL_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    return None

@@ -1,0 +1,159 @@
+"""`deskeye settings`: show where the settings live and what is in effect; `--init` writes a documented file.
+
+The documented file is generated from the dataclasses in deskeye/settings.py (names, types, defaults) plus
+the descriptions below (an option missing from the table is described by its `# comment` in settings.py),
+so the file, the docs and the defaults cannot drift apart: a test checks that every option has a
+description and that the written file loads back as the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from deskeye.settings import Settings, default_settings_path
+
+SECTION_DESCRIPTIONS = {
+    "capture": "What part of the screen DeskEye watches, and how often.",
+    "hotkeys": "Global hotkeys (pynput syntax: <ctrl>+<alt>+d).",
+    "overlay": "The translucent always-on-top answer window.",
+    "worker": "The model process. By default DeskEye starts its own worker (deskeye-worker); set `url` to use "
+              "an external OpenAI-compatible server (vLLM, llama.cpp server, Ollama, transformers serve) instead.",
+    "memory": "Conversation memory kept by the app.",
+    "router": "Routing of typed questions to quick / standard / deep answers.",
+    "providers": "Local data sources for quick answers (calendar, mail).",
+    "hooks": "Automation hooks fired by detected key objects.",
+}
+
+DESCRIPTIONS = {
+    "capture.monitor": "Monitor to capture: 1 = primary, 2.. = others, 0 = all monitors stitched together.",
+    "capture.region": 'Screen region "X,Y,W,H" in pixels; "" = an 800x600 region centred on the monitor.',
+    "capture.interval_s": "Seconds between grabs (>= 0.2).",
+    "capture.change_threshold": "How different a frame must be to count as changed: the largest grey-level "
+                                "difference (0-255) on a 64x48 thumbnail. Unchanged frames are skipped.",
+    "capture.excluded_titles": "Never capture while the active window's title contains one of these "
+                               "(password managers, private browsing).",
+    "capture.extra_excluded_titles": "Your own additions to excluded_titles.",
+    "capture.debug_save_frames_dir": 'Folder to save captured frames to, for debugging; "" = never write '
+                                     "a screenshot to disk.",
+    "hotkeys.describe": "Describe the region now.",
+    "hotkeys.pause": "Pause / resume the capture loop.",
+    "overlay.fade_after_s": "Hide the answer after this many seconds; 0 = keep it until the next one.",
+    "overlay.alpha": "Window opacity, 0.1-1.0 (blending needs a compositor).",
+    "overlay.width_px": "Window width in pixels (>= 120).",
+    "overlay.margin_px": "Distance from the screen corner in pixels.",
+    "overlay.font_size": "Font size in points.",
+    "worker.engine": 'auto = the model below if one is set and loads, else OCR; "ocr" = text recognition only '
+                     '(CPU, no model); "transformers" = the model, or fail.',
+    "worker.model": 'A local model folder or Hugging Face id of a vision-language model; "" = none (OCR engine).',
+    "worker.device": "auto | cuda | cpu.",
+    "worker.dtype": "auto | bf16 | fp16 | fp32.",
+    "worker.url": 'An external OpenAI-compatible server, e.g. "http://127.0.0.1:8000"; "" = run DeskEye\'s own '
+                  "worker. The server must support response_format json_schema.",
+    "worker.api_key": 'API key for `url`; "" = read it from the environment variable named by api_key_env '
+                      "(better: keeps the key out of this file).",
+    "worker.api_key_env": "Environment variable holding the API key for `url`.",
+    "worker.remote_model": 'Model name to request from the external server; "" = the first one it lists.',
+    "worker.startup_timeout_s": "Seconds to wait for the worker to load its model and answer /health.",
+    "worker.request_timeout_s": "Seconds to wait for one answer.",
+    "worker.max_restarts": "Restarts of a crashed worker allowed within restart_window_s before giving up.",
+    "worker.restart_window_s": "The window, in seconds, for max_restarts.",
+    "worker.max_tokens": "Longest answer, in tokens (>= 16).",
+    "worker.ground_with_ocr": "Also give the model the text OCR reads on the frame.",
+    "memory.turns": "(question, answer) turns carried into the next prompt, 0-20.",
+    "router.data_dir": 'Folder with the router\'s training data; "" = DeskEye\'s rules/ folder.',
+    "router.min_confidence": "Below this confidence a quick or deep verdict falls back to standard.",
+    "providers.calendar_ics": 'An .ics file for "next meeting" and "am I free at 4pm"; "" = none.',
+    "providers.imap_host": 'IMAP server for "any new mail?"; "" = none.',
+    "providers.imap_port": "IMAP port.",
+    "providers.imap_user": "IMAP user name.",
+    "providers.imap_password_env": 'Environment variable with the IMAP password; else the OS keyring, '
+                                   'service "deskeye-imap".',
+    "providers.imap_tls": "Use TLS (false only for a local test server).",
+    "hooks.rules_file": 'Your hooks.toml; "" = hooks.toml in the settings folder, if it exists.',
+    "hooks.dry_run": "Log what hooks would run; run nothing.",
+    "hooks.enabled": "Fire hooks at all.",
+}
+
+
+_FIELD_COMMENT = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
+
+
+def inline_comments(cls: type) -> dict[str, str]:
+    """`name: type = default   # meaning` lines of a settings dataclass: the fallback descriptions."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):                 # no source (frozen app): the table above still documents
+        return {}
+    return {m.group(1): m.group(2) for m in map(_FIELD_COMMENT.match, source.splitlines()) if m}
+
+
+def describe_option(section: str, option: str) -> str:
+    """The option's description: the table above, else its comment in deskeye/settings.py ("" = undocumented)."""
+    key = f"{section}.{option}"
+    if key in DESCRIPTIONS:
+        return DESCRIPTIONS[key]
+    comment = inline_comments(type(getattr(Settings(), section))).get(option, "")
+    return comment[:1].upper() + comment[1:]
+
+
+def section_fields() -> dict[str, list[dataclasses.Field]]:
+    """Each settings section and its options, from the dataclasses (the single source of truth)."""
+    defaults = Settings()
+    return {f.name: list(dataclasses.fields(getattr(defaults, f.name)))
+            for f in dataclasses.fields(Settings) if f.name != "config_dir"}
+
+
+def toml_value(value: Any) -> str:
+    import tomli_w
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def documented_toml(settings: Settings | None = None, *, commented: bool = True) -> str:
+    """The settings as TOML; with `commented`, each option preceded by its description and default."""
+    settings = settings or Settings()
+    lines = ["# DeskEye settings. Every option is shown with its default value.",
+             "# Delete what you do not change; `deskeye settings` shows what is in effect."] if commented else []
+    for section, options in section_fields().items():
+        lines.append("")
+        if commented:
+            lines += _comment(SECTION_DESCRIPTIONS[section])
+        lines.append(f"[{section}]")
+        for option in options:
+            value = getattr(getattr(settings, section), option.name)
+            if commented:
+                lines += _comment(f"{describe_option(section, option.name)} ({option.type})")
+            lines.append(f"{option.name} = {toml_value(value)}")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _comment(text: str) -> list[str]:
+    return [f"# {line}" for line in textwrap.wrap(text, width=100)]
+
+
+def init_settings_file(path: Path) -> bool:
+    """Write the documented defaults to `path` unless a file is there. True if written."""
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(documented_toml(), encoding="utf-8")
+    return True
+
+
+def cmd_settings(args, settings: Settings) -> int:
+    path = Path(args.settings) if getattr(args, "settings", None) else default_settings_path()
+    if args.init:
+        if init_settings_file(path):
+            print(f"Wrote the documented defaults to {path}", file=sys.stderr)
+        else:
+            print(f"{path} already exists; left it unchanged (move it away to write fresh defaults).",
+                  file=sys.stderr)
+    state = "" if path.exists() else "  (not found: the defaults are in effect)"
+    print(f"# settings file: {path}{state}")
+    print(documented_toml(settings, commented=False), end="")
+    return 0

@@ -1,0 +1,377 @@
+"""The app's side of the process boundary: start `deskeye-worker`, wait until it serves, restart it if it dies.
+
+`WorkerSupervisor.start()` launches the worker as a child process (`python -m inference_worker.cli`) on a
+port chosen by the OS, with a state file in a private temporary folder; the worker writes its URL and a
+per-launch API key there once it is listening. The supervisor then polls GET /health until it answers 200.
+A monitor thread watches the child: when it dies it is restarted with exponential backoff, at most
+`worker.max_restarts` times within `worker.restart_window_s`; after that the state is "down" and
+`endpoint()` raises `WorkerUnavailable` with the worker's last output lines.
+
+With `worker.url` set no process is run: `endpoint()` returns that URL and key (state "external"), so an
+external OpenAI-compatible server is used through exactly the same client code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from deskeye.errors import WorkerUnavailable
+from deskeye.settings import Settings, worker_api_key
+
+log = logging.getLogger(__name__)
+
+STARTING, READY, RESTARTING, DOWN, EXTERNAL, STOPPED = "starting", "ready", "restarting", "down", "external", "stopped"
+MAX_OUTPUT_LINES = 40            # the worker's last lines kept for error messages
+POLL_INTERVAL_S = 0.1
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+STOP_TIMEOUT_S = 5.0             # SIGTERM, then SIGKILL after this long
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to send requests. `generation` changes with every (re)launch, so a stale endpoint is detectable."""
+    url: str                     # base URL without /v1, e.g. http://127.0.0.1:41234
+    api_key: str
+    model: str = ""              # the model id the worker serves ("" = ask GET /v1/models)
+    generation: int = 0
+    engine: str = ""             # our worker's engine kind ("ocr", "transformers"); "" for external servers
+
+
+def external_base_url(url: str) -> str:
+    """`http://host:8000/v1/` -> `http://host:8000`: users paste either form."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def worker_command(settings: Settings, state_file: Path) -> list[str]:
+    worker = settings.worker
+    command = [sys.executable, "-m", "inference_worker.cli", "--engine", worker.engine, "--port", "0",
+               "--state-file", str(state_file), "--device", worker.device, "--dtype", worker.dtype,
+               "--request-timeout-s", str(worker.request_timeout_s)]
+    if worker.model:
+        command += ["--model", worker.model]
+    if worker.ground_with_ocr:
+        command.append("--ground-with-ocr")
+    return command
+
+
+class WorkerSupervisor:
+    def __init__(self, settings: Settings, *, on_state_change: Callable[[str], None] | None = None):
+        self.settings = settings
+        self.on_state_change = on_state_change or (lambda state: None)
+        self.is_external = bool(settings.worker.url)
+        self.num_restarts = 0
+        self._state = EXTERNAL if self.is_external else STOPPED
+        self._endpoint: Endpoint | None = None
+        self._failure: WorkerUnavailable | None = None
+        self._proc: subprocess.Popen | None = None
+        self._output: deque[str] = deque(maxlen=MAX_OUTPUT_LINES)
+        self._restart_times: deque[float] = deque()
+        self._generation = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._readers: list[threading.Thread] = []
+        self._tmp_dir: Path | None = None
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
+    def state_dir(self) -> Path | None:
+        """The private folder holding the worker's state file (None before start / for external servers)."""
+        return self._tmp_dir
+
+    def last_output(self) -> list[str]:
+        """The worker's last output lines (stdout and stderr), oldest first."""
+        return list(self._output)
+
+    def start(self, *, wait: bool = True) -> None:
+        """Launch the worker; with `wait`, block until it serves (raises WorkerUnavailable if it cannot start)."""
+        if self.is_external:
+            self._set_state(EXTERNAL)
+            return
+        if self._monitor is not None:
+            raise RuntimeError("WorkerSupervisor.start() was already called.")
+        self._stop.clear()
+        self._tmp_dir = Path(tempfile.mkdtemp(prefix="deskeye-worker-"))
+        self._set_state(STARTING)
+        self._monitor = threading.Thread(target=self._run, name="deskeye-worker-monitor", daemon=True)
+        self._monitor.start()
+        if wait:
+            self.endpoint(self.settings.worker.startup_timeout_s + 5)
+
+    def endpoint(self, timeout_s: float | None = None) -> Endpoint:
+        """The worker's URL and key once it serves. Raises WorkerUnavailable if it is down or not ready in time."""
+        if self.is_external:
+            return Endpoint(external_base_url(self.settings.worker.url), worker_api_key(self.settings.worker),
+                            self.settings.worker.remote_model)
+        timeout_s = self.settings.worker.startup_timeout_s if timeout_s is None else timeout_s
+        with self._cond:
+            self._cond.wait_for(lambda: self._state in (READY, DOWN, STOPPED), timeout=timeout_s)
+            return self._current_endpoint(timeout_s)
+
+    def recover(self, failed: Endpoint, timeout_s: float | None = None) -> Endpoint:
+        """After a request to `failed` lost its connection: wait for the restarted worker and return it.
+
+        Raises WorkerUnavailable when the worker stays down (or, for an external server, at once).
+        """
+        if self.is_external:
+            raise WorkerUnavailable(f"Cannot reach the server at {failed.url}: is it running? "
+                                    "(settings: worker.url)")
+        timeout_s = self.settings.worker.startup_timeout_s if timeout_s is None else timeout_s
+        self._wait_for_exit_if_dying(failed)
+        with self._cond:
+            self._cond.wait_for(lambda: self._state in (DOWN, STOPPED) or (
+                self._state == READY and (self._endpoint != failed or self._proc.poll() is None)),
+                timeout=timeout_s)
+            return self._current_endpoint(timeout_s)
+
+    def stop(self) -> None:
+        """Stop the monitor and the worker (SIGTERM, then SIGKILL); remove the private state folder."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._terminate(self._proc)
+        if self._monitor is not None:
+            self._monitor.join(timeout=STOP_TIMEOUT_S * 2)
+        self._terminate(self._proc)      # in case the monitor launched one while stopping
+        for reader in self._readers:
+            reader.join(timeout=STOP_TIMEOUT_S)
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+        if not self.is_external:
+            self._set_state(STOPPED)
+
+    def __enter__(self) -> "WorkerSupervisor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ state
+
+    def _current_endpoint(self, timeout_s: float) -> Endpoint:
+        """Under the lock: the ready endpoint, or the reason there is none."""
+        if self._state == READY and self._endpoint is not None:
+            return self._endpoint
+        if self._state == DOWN and self._failure is not None:
+            raise WorkerUnavailable(str(self._failure))
+        if self._state == STOPPED:
+            raise WorkerUnavailable("The worker is not running (the supervisor was stopped or never started).")
+        raise WorkerUnavailable(f"The worker is not ready after {timeout_s:.0f} s (state: {self._state}). "
+                                "A large model can take minutes to load; see worker.startup_timeout_s.")
+
+    def _set_state(self, state: str, *, endpoint: Endpoint | None = None,
+                   failure: WorkerUnavailable | None = None) -> None:
+        with self._cond:
+            changed = state != self._state
+            self._state, self._endpoint, self._failure = state, endpoint, failure
+            self._cond.notify_all()
+        if changed:
+            try:
+                self.on_state_change(state)
+            except Exception:                    # a broken callback must not stop the supervisor
+                log.exception("on_state_change(%r) failed", state)
+
+    def _wait_for_exit_if_dying(self, failed: Endpoint) -> None:
+        """A dropped connection usually means the worker died: wait a moment for it to exit. If it still
+        serves afterwards (a transient drop), `recover` returns the same endpoint."""
+        with self._cond:
+            proc = self._proc if self._endpoint == failed else None
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+    # ------------------------------------------------------------------ monitor thread
+
+    def _run(self) -> None:
+        """Launch, wait until ready, watch; restart with backoff on death. Ends when stopped or given up."""
+        try:
+            failure = self._launch_until_ready()
+            if failure is not None:
+                self._set_state(DOWN, failure=failure)
+                return
+            while not self._stop.is_set():
+                if self._proc is not None and self._proc.poll() is None:
+                    self._stop.wait(POLL_INTERVAL_S)
+                    continue
+                if not self._restart_after_death():
+                    return
+        except Exception as exc:                 # never die silently: report it as "down"
+            log.exception("worker monitor failed")
+            self._set_state(DOWN, failure=WorkerUnavailable(f"The worker monitor failed: {exc}"))
+
+    def _restart_after_death(self) -> bool:
+        """The worker died: restart it (True) or give up and report "down" (False)."""
+        code = self._proc.returncode if self._proc is not None else None
+        log.warning("deskeye-worker exited (code %s); restarting", code)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            window_s = self.settings.worker.restart_window_s
+            while self._restart_times and now - self._restart_times[0] > window_s:
+                self._restart_times.popleft()
+            if len(self._restart_times) >= self.settings.worker.max_restarts:
+                self._set_state(DOWN, failure=self._failure_message(
+                    f"The worker died {len(self._restart_times) + 1} times within {window_s:.0f} s "
+                    f"(last exit code {code}); DeskEye stopped restarting it"))
+                return False
+            self._set_state(RESTARTING)
+            backoff_s = min(FIRST_BACKOFF_S * 2 ** len(self._restart_times), MAX_BACKOFF_S)
+            self._restart_times.append(now)
+            self.num_restarts += 1
+            if self._stop.wait(backoff_s):
+                return False
+            failure = self._launch_until_ready()
+            if failure is None:
+                return True
+            code = self._proc.returncode if self._proc is not None else None
+        return False
+
+    def _launch_until_ready(self) -> WorkerUnavailable | None:
+        """Start one worker and wait for /health == 200. None when ready, else why not."""
+        state_file = self._tmp_dir / "worker.json"
+        state_file.unlink(missing_ok=True)
+        command = worker_command(self.settings, state_file)
+        self._output.clear()
+        log.info("starting the worker: %s", " ".join(command))
+        env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}   # onnxruntime phones home by default
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=_die_with_parent_thread())
+        self._proc = proc
+        self._start_reader(proc)
+        if self._stop.is_set():
+            self._terminate(proc)
+            return None
+        timeout_s = self.settings.worker.startup_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not self._stop.is_set():
+            if proc.poll() is not None:
+                self._join_readers()
+                return self._failure_message(f"The worker exited with code {proc.returncode} while starting")
+            endpoint = self._ready_endpoint(state_file)
+            if endpoint is not None:
+                self._set_state(READY, endpoint=endpoint)
+                return None
+            if time.monotonic() > deadline:
+                self._terminate(proc)
+                return self._failure_message(f"The worker did not become ready within {timeout_s:.0f} s "
+                                             "(settings: worker.startup_timeout_s)")
+            self._stop.wait(POLL_INTERVAL_S)
+        return None
+
+    def _ready_endpoint(self, state_file: Path) -> Endpoint | None:
+        """The endpoint once the state file names a URL and GET /health there answers 200; else None."""
+        try:
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+            url, api_key = str(state["url"]).rstrip("/"), str(state["api_key"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None                          # not written yet
+        health = self._health(url, api_key)
+        if health is None:
+            return None
+        self._generation += 1
+        return Endpoint(url, api_key, str(health.get("model") or state.get("model") or ""), self._generation,
+                        str(health.get("engine") or state.get("engine") or ""))
+
+    @staticmethod
+    def _health(url: str, api_key: str) -> dict | None:
+        """GET /health: its JSON body when it answers 200 (ready), None otherwise (loading, not listening)."""
+        request = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer {api_key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=2.0) as response:
+                if response.status != 200:
+                    return None
+                body = json.loads(response.read() or b"{}")
+        except (urllib.error.URLError, OSError, ValueError):
+            return None                          # 503 while loading, or not listening yet
+        return body if isinstance(body, dict) else {}
+
+    def _failure_message(self, what: str) -> WorkerUnavailable:
+        lines = [line for line in self.last_output() if line.strip()][-12:]
+        shown = "\n".join(f"  | {line}" for line in lines) or "  (it printed nothing)"
+        return WorkerUnavailable(f"{what}. Its last output:\n{shown}\n"
+                                 "Check worker.engine / worker.model in the settings, or run `deskeye doctor`.")
+
+    # ------------------------------------------------------------------ child process
+
+    def _start_reader(self, proc: subprocess.Popen) -> None:
+        reader = threading.Thread(target=self._read_output, args=(proc,), name="deskeye-worker-output",
+                                  daemon=True)
+        reader.start()
+        self._readers = [r for r in self._readers if r.is_alive()] + [reader]
+
+    def _read_output(self, proc: subprocess.Popen) -> None:
+        """Keep the worker's last lines; ends at EOF (when the worker exits)."""
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            self._output.append(line)
+            log.debug("worker: %s", line)
+        proc.stdout.close()
+
+    def _join_readers(self) -> None:
+        for reader in self._readers:
+            reader.join(timeout=1.0)
+
+    @staticmethod
+    def _terminate(proc: subprocess.Popen | None) -> None:
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _die_with_parent_thread() -> Callable[[], None] | None:
+    """On Linux: a preexec_fn asking the kernel to SIGTERM the worker when the thread that launched it (the
+    monitor) ends, e.g. when the app is killed, so no orphaned worker keeps a model in memory."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl    # resolved here, before fork
+    except (OSError, AttributeError):
+        return None
+    parent_pid = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:                       # the app died before prctl took effect
+            os._exit(1)
+    return set_parent_death_signal
+
+
+PR_SET_PDEATHSIG = 1

@@ -1,0 +1,138 @@
+"""`deskeye-worker`: start the inference worker. Parses argv only inside `main`.
+
+Every WorkerConfig field has a flag (its argparse `dest` is the field name). Errors are one line on stderr
+and a non-zero exit status, never a traceback: 2 for bad options, 1 when the worker cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from inference_worker.config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
+                                     DEFAULT_MAX_TOKENS_LIMIT, DEVICES, DTYPES, ENGINES, ConfigError, WorkerConfig)
+
+PROG = "deskeye-worker"
+API_KEY_ENV = "DESKEYE_WORKER_API_KEY"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(
+        prog=PROG,
+        description="DeskEye's inference worker: an OpenAI-compatible HTTP server (POST /v1/chat/completions, "
+                    "GET /v1/models, GET /health, GET /metrics) that owns the model. It listens on 127.0.0.1, "
+                    "requires 'Authorization: Bearer KEY' (except /health), and writes its URL and key to a "
+                    "state file readable only by you.",
+    )
+    g = p.add_argument_group("engine")
+    g.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="auto (default) = transformers when --model is given (OCR, with a warning, if it cannot "
+                        "load), else ocr; ocr = RapidOCR on the CPU, no model weights; transformers = the "
+                        "--model vision-language model (a load failure is an error)")
+    g.add_argument("--model", metavar="PATH_OR_ID", default="",
+                   help="vision-language model: a local folder, or a Hugging Face id (downloaded once when "
+                        "online; offline it must be in the local cache)")
+    g.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where the model runs (default: auto = cuda if present, else cpu)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="weight precision (default: auto = bf16 on a GPU that supports it, fp16 on other "
+                        "GPUs, fp32 on the CPU)")
+    g.add_argument("--threads", dest="num_threads", type=int, default=0, metavar="N",
+                   help="CPU threads for torch (default: 0 = the library's default; 1 is steadiest on a "
+                        "shared machine)")
+    g.add_argument("--no-grammar", dest="use_grammar", action="store_false",
+                   help="do not constrain JSON output with a grammar while generating (for tests and "
+                        "benchmarks; answers are still validated and retried)")
+    g.add_argument("--ground-with-ocr", dest="ground_with_ocr", action="store_true",
+                   help="add the OCR text of each image to the model's prompt")
+    g.add_argument("--max-retries", type=int, default=2, metavar="N",
+                   help="re-generations when JSON output is cut off or does not match the schema: first with "
+                        "twice the tokens, then greedy; after that the request gets HTTP 502 "
+                        "(default: %(default)s)")
+
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: %(default)s); keep the loopback address unless other "
+                        "machines must reach it")
+    g.add_argument("--port", type=int, default=0,
+                   help="TCP port (default: 0 = a free port chosen by the OS; the URL is in the state file)")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"bearer key clients must send (default: ${API_KEY_ENV} if set, else a new random key "
+                        "per launch); it is written to the state file")
+    g.add_argument("--state-file", type=Path, default=None, metavar="PATH",
+                   help='where to write {"url", "api_key", "pid", "model", "engine"}, mode 0600, removed on '
+                        "exit (default: <user runtime dir>/deskeye/worker.json)")
+    g.add_argument("--request-timeout-s", type=float, default=300.0, metavar="SECONDS",
+                   help="a request that waits longer than this for the model is answered 504 "
+                        "(default: %(default)s)")
+
+    g = p.add_argument_group("request limits (a request over a limit gets HTTP 400 or 413 naming it)")
+    g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+                   help="largest request body accepted, in bytes (default: %(default)s = 32 MiB)")
+    g.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS, metavar="N",
+                   help="largest image accepted, in pixels (width x height), checked from the file header "
+                        "before decoding (default: %(default)s = 7680x4320)")
+    g.add_argument("--max-tokens-limit", type=int, default=DEFAULT_MAX_TOKENS_LIMIT, metavar="N",
+                   help="largest max_tokens a request may ask for; also caps retries (default: %(default)s)")
+    g.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES, metavar="N",
+                   help="most images in one request (default: %(default)s)")
+
+    p.add_argument("--verbose", action="store_true",
+                   help="log every request and rejected output, and show tracebacks of engine errors")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    values = {k: v for k, v in vars(args).items() if k != "verbose"}
+    if values["api_key"] is None:
+        values["api_key"] = os.environ.get(API_KEY_ENV) or None
+    return WorkerConfig(**values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        return _fail(str(exc), 2)
+    return _run(config)
+
+
+def _run(config: WorkerConfig) -> int:
+    from inference_worker.auth import StateFileError
+    from inference_worker.worker import WorkerStartError, run_worker
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        run_worker(config, stop)
+    except (WorkerStartError, StateFileError) as exc:
+        return _fail(str(exc), 1)
+    return 0
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format=f"{PROG}: %(levelname)s: %(message)s")
+    logging.getLogger("deskeye.worker").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

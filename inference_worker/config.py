@@ -1,0 +1,74 @@
+"""The worker's one validated configuration object, built by the CLI and passed to every part.
+
+Each field has a `deskeye-worker` flag of the same name (cli.py); `__post_init__` rejects bad values with a
+message that names the option and what it accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ENGINES = ("auto", "ocr", "transformers")
+DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024          # a full-HD PNG is ~2-6 MB, base64 adds a third
+DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320             # an 8K frame; larger is refused before decoding
+DEFAULT_MAX_TOKENS_LIMIT = 1024
+DEFAULT_MAX_IMAGES = 4
+
+
+class ConfigError(ValueError):
+    """A worker option with a bad value; the message names the flag and what it accepts."""
+
+
+@dataclass
+class WorkerConfig:
+    engine: str = "auto"                 # auto = transformers when --model is given (OCR if it cannot load), else ocr
+    model: str = ""                      # local folder or Hugging Face id of a vision-language model
+    device: str = "auto"                 # auto | cuda | cpu
+    dtype: str = "auto"                  # auto | bf16 | fp16 | fp32
+    host: str = "127.0.0.1"              # address to listen on; loopback only unless you mean it
+    port: int = 0                        # 0 = a free port chosen by the OS (written to the state file)
+    api_key: str | None = None           # None = a new random key per launch, written to the state file
+    state_file: Path | None = None       # None = <user runtime dir>/deskeye/worker.json
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    max_images: int = DEFAULT_MAX_IMAGES
+    max_retries: int = 2                 # re-generations when JSON output is cut off or invalid
+    use_grammar: bool = True             # constrain JSON output to the schema while generating
+    num_threads: int = 0                 # CPU threads for torch; 0 = the library's default
+    ground_with_ocr: bool = False        # add the OCR text of each image to the model's prompt
+    request_timeout_s: float = 300.0     # a request waiting longer than this for the model gets 504
+
+    def __post_init__(self):
+        _check(self.engine in ENGINES, "--engine", " | ".join(ENGINES), self.engine)
+        _check(self.device in DEVICES, "--device", " | ".join(DEVICES), self.device)
+        _check(self.dtype in DTYPES, "--dtype", " | ".join(DTYPES), self.dtype)
+        _check(self.engine != "transformers" or bool(self.model), "--model",
+               "a model folder or Hugging Face id (--engine transformers needs one)", self.model)
+        _check(bool(self.host.strip()), "--host", "an address such as 127.0.0.1", self.host)
+        _check(0 <= self.port <= 65535, "--port", "a port from 0 to 65535 (0 = any free port)", self.port)
+        if self.api_key is not None:
+            _check(bool(self.api_key) and not any(c.isspace() for c in self.api_key), "--api-key",
+                   "a non-empty key without spaces (leave it out to get a random one)", "<hidden>")
+        if self.state_file is not None:
+            self.state_file = Path(self.state_file).expanduser()
+        _check(self.max_body_bytes >= 1024, "--max-body-bytes", "an integer >= 1024", self.max_body_bytes)
+        _check(self.max_image_pixels >= 64 * 64, "--max-image-pixels", "an integer >= 4096", self.max_image_pixels)
+        _check(self.max_tokens_limit >= 1, "--max-tokens-limit", "an integer >= 1", self.max_tokens_limit)
+        _check(self.max_images >= 0, "--max-images", "an integer >= 0", self.max_images)
+        _check(0 <= self.max_retries <= 10, "--max-retries", "an integer from 0 to 10", self.max_retries)
+        _check(self.num_threads >= 0, "--threads", "an integer >= 0 (0 = default)", self.num_threads)
+        _check(self.request_timeout_s > 0, "--request-timeout-s", "a number of seconds > 0", self.request_timeout_s)
+
+    @property
+    def wants_transformers(self) -> bool:
+        return self.engine == "transformers" or (self.engine == "auto" and bool(self.model))
+
+
+def _check(ok: bool, flag: str, expected: str, got: object) -> None:
+    if not ok:
+        raise ConfigError(f"{flag} must be {expected}; got {got!r}.")

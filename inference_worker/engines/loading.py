@@ -1,0 +1,361 @@
+"""Find, check and load a vision-language model: local folder or Hub id, device, dtype, attention.
+
+Every way loading can fail that a user can fix (a missing or incomplete folder, a Hub id while offline,
+too little GPU memory) becomes a `ModelLoadError` whose message says what is wrong and what to do.
+`load_model` returns a `LoadedModel`; the engines (transformers_engine, minicpmo) wrap it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+GB = 1_000_000_000
+#: activations, KV cache and the CUDA context on top of the weights
+VRAM_HEADROOM_FRACTION = 0.10
+MIN_VRAM_HEADROOM_BYTES = 1 * GB
+
+#: (minimum free VRAM in bytes, model id, what it is) — FIELD_NOTES' table, biggest first
+MODEL_BY_VRAM = (
+    (20 * GB, "openbmb/MiniCPM-o-4_5", "MiniCPM-o 4.5 in bf16, ~19 GB"),
+    (11 * GB, "openbmb/MiniCPM-o-4_5-AWQ", "MiniCPM-o 4.5 in 4-bit AWQ, ~11 GB"),
+    (5 * GB, "openbmb/MiniCPM-V-4.6", "MiniCPM-V 4.6, ~4 GB in bf16"),
+)
+CPU_MODEL = "openbmb/MiniCPM-V-4.6"
+CONFIG_FILE = "config.json"
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+#: MiniCPM-o weights the worker does not load (init_audio=False, init_tts=False): audio tower and TTS
+MINICPMO_UNLOADED_PREFIXES = ("apm.", "tts.", "audio_")
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_TRUE = {"1", "on", "yes", "true"}
+
+
+class ModelLoadError(Exception):
+    """The model cannot be loaded; the message says why and what to do about it."""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    model: str                 # a local folder or a Hugging Face Hub id
+    device: str = "auto"       # auto | cuda | cpu
+    dtype: str = "auto"        # auto | bf16 | fp16 | fp32
+
+    def __post_init__(self):
+        if not self.model or not self.model.strip():
+            raise ModelLoadError("No model given: pass a local model folder or a Hub id such as "
+                                 "openbmb/MiniCPM-V-4.6.")
+        if self.device not in DEVICES:
+            raise ModelLoadError(f"device must be one of {', '.join(DEVICES)}; got {self.device!r}.")
+        if self.dtype not in DTYPES:
+            raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}.")
+
+
+@dataclass
+class LoadedModel:
+    model: Any                 # the torch module
+    processor: Any             # AutoProcessor (transformers families) or the tokenizer (MiniCPM-o)
+    family: str                # "transformers" | "minicpmo"
+    path: Path
+    name: str                  # what the user asked for (folder or Hub id)
+    device: Any                # torch.device
+    dtype: Any                 # torch.dtype
+    attn_implementation: str
+
+
+# ---------------------------------------------------------------- where the files are
+
+def resolve_model_path(model: str, *, progress: bool = True) -> Path:
+    """A local folder as is; a Hub id from the local HF cache, downloading it when online."""
+    local = Path(model).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ModelLoadError(f"Model path {local} is a file; pass the folder that holds config.json.")
+        return local.resolve()
+    if not _HUB_ID.match(model) or model.startswith((".", "~")):
+        raise ModelLoadError(f"Model folder {local} does not exist. Check the path, or pass a Hugging Face "
+                             "Hub id such as openbmb/MiniCPM-V-4.6.")
+    return _snapshot(model, progress=progress)
+
+
+def is_offline() -> bool:
+    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _snapshot(repo_id: str, *, progress: bool) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    offline = is_offline()
+    how_to_get = (f"Download it first on a machine with internet access: `hf download {repo_id}` "
+                  f"(or `huggingface-cli download {repo_id}`), then copy the folder and pass its path, "
+                  "or copy the Hugging Face cache (~/.cache/huggingface/hub).")
+    try:
+        kwargs = {} if progress else {"tqdm_class": _quiet_tqdm_class()}
+        return Path(snapshot_download(repo_id, local_files_only=offline, **kwargs))
+    except GatedRepoError:
+        raise ModelLoadError(f"{repo_id} is gated on the Hub: accept its licence on its model page and log in "
+                             "with `hf auth login`, then try again.") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"There is no model {repo_id!r} on the Hugging Face Hub (or it is private). "
+                             "Check the id, e.g. openbmb/MiniCPM-V-4.6.") from None
+    except LocalEntryNotFoundError:
+        why = ("HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached")
+        raise ModelLoadError(f"{repo_id} is neither a local folder nor in the local Hugging Face cache, and {why}. "
+                             f"{how_to_get} "
+                             "If it is cached, set HF_HUB_OFFLINE=1 to skip the network.") from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelLoadError(f"Could not download {repo_id}: {exc}. {how_to_get}") from None
+
+
+def _quiet_tqdm_class():
+    from tqdm.auto import tqdm
+
+    class QuietTqdm(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+    return QuietTqdm
+
+
+# ---------------------------------------------------------------- is the folder complete
+
+def check_model_folder(path: Path) -> dict[str, Any]:
+    """Read config.json; raise ModelLoadError listing what the folder lacks."""
+    missing = []
+    if not (path / CONFIG_FILE).is_file():
+        missing.append(f"{CONFIG_FILE} (the model configuration)")
+    missing += _missing_weights(path)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer files ({' or '.join(TOKENIZER_FILES)})")
+    if not any((path / name).is_file() for name in PROCESSOR_FILES):
+        missing.append(f"image processor files ({' or '.join(PROCESSOR_FILES)})")
+    missing += _missing_remote_code(path)
+    if missing:
+        raise ModelLoadError(f"The model folder {path} is incomplete; it lacks: " + "; ".join(missing)
+                             + ". Download the whole checkpoint again (e.g. `hf download ID --local-dir "
+                               f"{path}`).")
+    try:
+        return json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path / CONFIG_FILE} cannot be read as JSON ({exc}); download it again.") from None
+
+
+def _missing_weights(path: Path) -> list[str]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError):
+            return [f"a readable {index.name}"]
+        absent = sorted(s for s in shards if not (path / s).is_file())
+        return [f"weight shards {', '.join(absent)}"] if absent else []
+    if any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        return []
+    return ["weights (*.safetensors or pytorch_model*.bin)"]
+
+
+def _missing_remote_code(path: Path) -> list[str]:
+    """The modeling files config.json's auto_map names (checkpoints that ship their own code)."""
+    try:
+        auto_map = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8")).get("auto_map") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    refs = [r for v in auto_map.values() for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)]
+    modules = {r.split("--")[-1].rsplit(".", 1)[0] + ".py" for r in refs}
+    absent = sorted(m for m in modules if not (path / m).is_file())
+    return [f"its own model code ({', '.join(absent)})"] if absent else []
+
+
+def is_minicpmo(config: dict[str, Any]) -> bool:
+    """MiniCPM-o checkpoints ship their own modeling code (auto_map) with model_type 'minicpmo'."""
+    auto_map = config.get("auto_map") or {}
+    return config.get("model_type") == "minicpmo" or any("MiniCPMO" in str(v) for v in auto_map.values())
+
+
+# ---------------------------------------------------------------- how much memory it needs
+
+def checkpoint_weight_bytes(path: Path, *, itemsize: int, skip_prefixes: tuple[str, ...] = ()) -> int:
+    """Bytes the weights take in memory once floats are cast to `itemsize`; read from safetensors headers.
+
+    Integer tensors (packed 4-bit weights) keep their stored size. Falls back to file sizes for .bin.
+    """
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return sum(f.stat().st_size for pattern in WEIGHT_PATTERNS[1:] for f in path.glob(pattern))
+    total = 0
+    for file in files:
+        for name, info in _safetensors_header(file).items():
+            if name == "__metadata__" or name.startswith(skip_prefixes):
+                continue
+            if info["dtype"] in _FLOAT_DTYPES:
+                total += math.prod(info["shape"]) * itemsize
+            else:
+                total += info["data_offsets"][1] - info["data_offsets"][0]
+    return total
+
+
+def _safetensors_header(file: Path) -> dict[str, Any]:
+    with file.open("rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        return json.loads(fh.read(length))
+
+
+def required_vram_bytes(weight_bytes: int) -> int:
+    return weight_bytes + max(MIN_VRAM_HEADROOM_BYTES, int(weight_bytes * VRAM_HEADROOM_FRACTION))
+
+
+def model_for_vram(free_bytes: int) -> tuple[str, str] | None:
+    """(model id, description) of the biggest DeskEye model that fits in `free_bytes`, or None."""
+    for min_bytes, model_id, what in MODEL_BY_VRAM:
+        if free_bytes >= min_bytes:
+            return model_id, what
+    return None
+
+
+def check_fits_vram(model: str, *, required_bytes: int, free_bytes: int, total_bytes: int) -> None:
+    """Raise ModelLoadError when the model needs more GPU memory than is free, naming one that fits."""
+    if required_bytes <= free_bytes:
+        return
+    suggestion = model_for_vram(free_bytes)
+    if suggestion and suggestion[0] != model:
+        fix = f"use {suggestion[0]} ({suggestion[1]}), or run on the CPU with --device cpu"
+    else:
+        fix = f"run {CPU_MODEL} on the CPU with --device cpu, or free GPU memory used by other programs"
+    raise ModelLoadError(f"Not enough GPU memory for {model}: it needs about {required_bytes / GB:.1f} GB "
+                         f"(weights plus working memory) but the GPU has {free_bytes / GB:.1f} GB free of "
+                         f"{total_bytes / GB:.1f} GB. To fix it, {fix}.")
+
+
+# ---------------------------------------------------------------- device, dtype, attention
+
+def resolve_device(device: str):
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ModelLoadError(f"--device cuda was asked for, but PyTorch {torch.__version__} sees no CUDA GPU "
+                             "(a CPU-only build, or no driver). Use --device auto or --device cpu.")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_dtype(dtype: str, device):
+    import torch
+
+    named = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if dtype != "auto":
+        return named[dtype]
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def attention_implementation(device) -> str:
+    """flash_attention_2 on CUDA when flash_attn imports, else PyTorch's sdpa."""
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+            return "flash_attention_2"
+        except Exception:   # not installed, or built for another torch/CUDA
+            pass
+    return "sdpa"
+
+
+# ---------------------------------------------------------------- loading
+
+def load_model(spec: LoadSpec, *, progress: bool = True) -> LoadedModel:
+    """Resolve, check and load `spec.model`; every user-fixable failure is a ModelLoadError."""
+    path = resolve_model_path(spec.model, progress=progress)
+    config = check_model_folder(path)
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    family = "minicpmo" if is_minicpmo(config) else "transformers"
+    if device.type == "cuda":
+        _check_vram(spec.model, path, device, dtype, family)
+    attn = attention_implementation(device)
+    if family == "minicpmo":
+        from inference_worker.engines.minicpmo import load_minicpmo_parts
+        load_parts = load_minicpmo_parts
+    else:
+        load_parts = load_transformers_parts
+    with _StepBar(f"Loading {spec.model}", ["processor", "weights", f"to {device}"], enabled=progress) as bar:
+        model, processor = _call_loader(load_parts, path, dtype=dtype, attn=attn, device=device, step=bar.step)
+    return LoadedModel(model, processor, family, path, spec.model, device, dtype, attn)
+
+
+def _check_vram(model: str, path: Path, device, dtype, family: str) -> None:
+    import torch
+
+    skip = MINICPMO_UNLOADED_PREFIXES if family == "minicpmo" else ()
+    weight_bytes = checkpoint_weight_bytes(path, itemsize=torch.empty((), dtype=dtype).element_size(),
+                                           skip_prefixes=skip)
+    free_bytes, total_bytes = torch.cuda.mem_get_info(device)
+    check_fits_vram(model, required_bytes=required_vram_bytes(weight_bytes), free_bytes=free_bytes,
+                    total_bytes=total_bytes)
+
+
+def _call_loader(load_parts: Callable, path: Path, *, dtype, attn: str, device, step: Callable[[], None]):
+    try:
+        return load_parts(path, dtype=dtype, attn_implementation=attn, device=device, step=step)
+    except ModelLoadError:
+        raise
+    except ValueError as exc:
+        if "does not support" in str(exc) and attn != "sdpa":
+            return load_parts(path, dtype=dtype, attn_implementation="sdpa", device=device, step=step)
+        raise ModelLoadError(f"transformers cannot load {path}: {exc}") from None
+    except ImportError as exc:
+        raise ModelLoadError(f"{path} needs a Python package that is not installed or does not import: {exc}") \
+            from None
+    except (OSError, KeyError) as exc:
+        raise ModelLoadError(f"The model files in {path} could not be read ({exc}). Download the checkpoint "
+                             "again.") from None
+
+
+def load_transformers_parts(path: Path, *, dtype, attn_implementation: str, device,
+                            step: Callable[[], None]):
+    """AutoProcessor + AutoModelForImageTextToText: the families transformers supports natively."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    step()
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation,
+        device_map=str(device) if device.type == "cuda" else None)   # straight onto the GPU
+    step()
+    model = model.to(device).eval()
+    step()
+    return model, processor
+
+
+class _StepBar:
+    """A tqdm bar on stderr over named loading steps."""
+
+    def __init__(self, title: str, steps: list[str], *, enabled: bool):
+        self.title, self.steps, self.enabled = title, steps, enabled
+        self.bar = None
+
+    def __enter__(self) -> "_StepBar":
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=len(self.steps), desc=f"{self.title}: {self.steps[0]}", file=sys.stderr,
+                        disable=not self.enabled, leave=True)
+        return self
+
+    def step(self) -> None:
+        self.bar.update(1)
+        if self.bar.n < len(self.steps):
+            self.bar.set_description(f"{self.title}: {self.steps[self.bar.n]}")
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()

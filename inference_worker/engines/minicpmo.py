@@ -1,0 +1,143 @@
+"""Adapter for MiniCPM-o 4.5 (`openbmb/MiniCPM-o-4_5`), which ships its own modeling code.
+
+Loads vision only (`init_vision=True, init_audio=False, init_tts=False`) through `AutoModel` with
+`trust_remote_code=True`. A request becomes the messages `model.chat` takes (content lists of PIL images
+and strings); the prompt and inputs are prepared the way `chat` prepares them (its chat template, its
+processor, `<image>./</image>` placeholders), then `model.generate(...)` is called directly: its extra
+keywords (sampling, `max_new_tokens`, `logits_processor`) reach the inner LLM's generate. `chat` itself
+keeps only a fixed set of sampling keywords (a grammar processor would be dropped), defaults to beam
+search when not sampling, and returns no token ids — hence generate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from transformers import LogitsProcessorList
+
+from inference_worker.engines.base import Engine
+from inference_worker.engines.sampling import finish_reason, generate_kwargs, seed_generation, trim_at_eos
+from inference_worker.engines.special_tokens import escaper_for
+from inference_worker.engines.transformers_engine import apply_num_threads, grammar_facts, release_cuda_cache
+from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+    from inference_worker.engines.loading import LoadedModel
+    from inference_worker.grammar import SchemaGrammars
+
+IMAGE_PLACEHOLDER = "<image>./</image>"   # what chat() puts where an image was
+MAX_INPUT_TOKENS = 8192                   # chat()'s default max_inp_length
+
+
+def load_minicpmo_parts(path: Path, *, dtype, attn_implementation: str, device, step: Callable[[], None]):
+    """The processor (with its tokenizer) and the vision+language part of the model, on `device`."""
+    from transformers import AutoModel, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path, trust_remote_code=True)
+    step()
+    try:
+        model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype,
+                                          attn_implementation=attn_implementation,
+                                          init_vision=True, init_audio=False, init_tts=False)
+    except (AttributeError, TypeError, NameError) as exc:     # remote code written for another transformers
+        raise _remote_code_error(exc) from None
+    step()
+    model = model.to(device).eval()
+    model.processor = processor          # chat() would otherwise load it again from config._name_or_path
+    step()
+    return model, processor
+
+
+def _remote_code_error(exc: Exception):
+    import transformers
+
+    from inference_worker.engines.loading import ModelLoadError
+    return ModelLoadError(
+        f"MiniCPM-o's own model code failed under transformers {transformers.__version__}: {exc}. "
+        "The official code targets transformers 4.51; use a revision ported to transformers 5 (see the "
+        "model page), or openbmb/MiniCPM-V-4.6, which transformers supports natively.")
+
+
+class MiniCPMOEngine(Engine):
+    kind = "minicpmo"
+
+    def __init__(self, model: Any, processor: Any, *, model_name: str, use_grammar: bool = True,
+                 num_threads: int | None = None):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.model_name = model_name
+        self.use_grammar = use_grammar
+        self.num_threads = num_threads
+        self.eos_token_ids = terminator_ids(model, self.tokenizer)
+        self.grammars: SchemaGrammars | None = None
+        #: request text -> text that cannot spell `<image>./</image>`, `<|im_start|>`... (see special_tokens.py)
+        self.escape_text = escaper_for(self.tokenizer, processor)
+
+    @classmethod
+    def from_loaded(cls, loaded: "LoadedModel", **options: Any) -> "MiniCPMOEngine":
+        return cls(loaded.model, loaded.processor, model_name=loaded.name, **options)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
+        apply_num_threads(self.num_threads)
+        msgs = chat_messages(request.messages, self.escape_text)
+        prompt = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                                    enable_thinking=False)
+        rgb = [img if img.mode == "RGB" else img.convert("RGB") for img in images]
+        inputs = self.processor([prompt], [rgb], return_tensors="pt", max_length=MAX_INPUT_TOKENS)
+        inputs = inputs.to(self.device)
+        inputs.pop("image_sizes", None)
+        grammar = self._grammar_processor(request)
+        seed_generation(request.sampling)
+        with torch.inference_mode():
+            _, outputs = self.model.generate(
+                **inputs, tokenizer=self.tokenizer, stream=False, **generate_kwargs(request.sampling),
+                logits_processor=LogitsProcessorList([grammar] if grammar else []))
+        # generate starts from inputs_embeds, so sequences hold only the generated tokens
+        token_ids, is_eos = trim_at_eos(outputs.sequences[0].tolist(), self.eos_token_ids)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return Completion(text=text, finish_reason=finish_reason(is_eos),
+                          prompt_tokens=int(inputs["input_ids"].shape[1]), completion_tokens=len(token_ids),
+                          extra=grammar_facts(grammar))
+
+    def after_call(self) -> None:
+        self.num_cuda_empty_cache_calls += release_cuda_cache()
+
+    def close(self) -> None:
+        self.model = None
+        self.grammars = None
+        self.num_cuda_empty_cache_calls += release_cuda_cache()
+
+    def _grammar_processor(self, request: ChatRequest):
+        if request.json_schema is None or not self.use_grammar:
+            return None
+        if self.grammars is None:
+            from inference_worker.grammar import SchemaGrammars
+            vocab_size = self.model.llm.get_output_embeddings().weight.shape[0]
+            self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
+        return self.grammars.logits_processor(request.json_schema)
+
+
+def chat_messages(messages: tuple[Message, ...],
+                  escape_text: Callable[[str], str] = lambda text: text) -> list[dict[str, str]]:
+    """Protocol messages -> the message list chat() builds: text parts and image placeholders, one per line.
+    Text parts go through `escape_text`, so only the placeholders put here for images are placeholders."""
+    return [{"role": m.role,
+             "content": "\n".join(IMAGE_PLACEHOLDER if isinstance(p, ImagePart) else escape_text(p)
+                                  for p in m.parts)}
+            for m in messages]
+
+
+def terminator_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a reply: the model's `terminators` (token strings), else the tokenizer's EOS."""
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in getattr(model, "terminators", [])]
+    ids = [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id]
+    return ids or [tokenizer.eos_token_id]

@@ -1,0 +1,181 @@
+"""The CPU engine: read the screen's text with RapidOCR and describe it, with no GPU, no weights, no torch.
+
+It answers in DeskEye's schema ({"summary", "key_objects"}): the summary names the kind of screen and
+quotes its salient lines; key_objects come from the bilingual vocabulary in `screen_concepts`. A question
+gets the same description with the lines that mention the question's words first. It never invents
+anything that is not in the text it read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from inference_worker.engines.base import Engine
+from inference_worker.ocr_reader import OcrConfig, OcrLine, OcrReader, ReadResult
+from inference_worker.protocol import ChatRequest, Completion, ProtocolError
+from inference_worker.screen_concepts import (LineLike, ScreenDescription, clean, compact, compose_summary,
+                                              describe, salient_order)
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+
+class OcrEngine(Engine):
+    kind = "ocr"
+    model_name = "deskeye-ocr"
+
+    def __init__(self, config: OcrConfig | None = None, reader: OcrReader | None = None, *, preload: bool = True):
+        """`preload`: load the models now (~0.3 s, what the worker's "loading" state is for) rather than on
+        the first request."""
+        self.reader = reader or OcrReader(config)
+        if preload:
+            self.reader.load()
+
+    def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
+        if not images:
+            raise ProtocolError("The ocr engine reads the text in an image, and this request has none: send the "
+                                "screen as an image_url part (data:image/png;base64,...) in the user message.",
+                                param="messages")
+        started = time.perf_counter()
+        reads = [self.reader.read(image) for image in images]
+        described = describe_reads(reads, question_of(request))
+        text = render_answer(described, request.json_schema)
+        return Completion(
+            text=text, finish_reason="stop",
+            prompt_tokens=approx_tokens(" ".join(m.text for m in request.messages)) + sum(len(r.lines) for r in reads),
+            completion_tokens=approx_tokens(text),
+            extra={"ocr": ocr_facts(reads, time.perf_counter() - started)},
+        )
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def question_of(request: ChatRequest) -> str:
+    """The text of the last user message: the question asked about the image."""
+    for message in reversed(request.messages):
+        if message.role == "user":
+            return message.text.strip()
+    return ""
+
+
+def describe_reads(reads: list[ReadResult], question: str) -> ScreenDescription:
+    """One description of all images: their lines stacked top to bottom, in request order."""
+    lines: list[OcrLine] = []
+    offset_px = 0
+    for read in reads:
+        lines.extend(_shifted(line, offset_px) for line in read.lines)
+        offset_px += read.frame_size[1]
+    return answer(lines, max(1, offset_px), question)
+
+
+def render_answer(described: ScreenDescription, schema: dict[str, Any] | None) -> str:
+    """JSON in DeskEye's schema when the request asks for JSON; otherwise plain text."""
+    data = {"summary": described.summary, "key_objects": described.key_objects}
+    if schema is None:
+        objects = f" Key objects: {', '.join(described.key_objects)}." if described.key_objects else ""
+        return described.summary + objects
+    problem = _schema_problem(data, schema)
+    if problem:
+        raise ProtocolError("The ocr engine only answers in DeskEye's schema {\"summary\": string, "
+                            f"\"key_objects\": [string]}}, which does not fit this request's schema ({problem}). "
+                            "Use protocol.DESKEYE_SCHEMA, json_object, or plain text.", param="response_format")
+    return json.dumps(data, ensure_ascii=False)
+
+
+def ocr_facts(reads: list[ReadResult], elapsed_s: float) -> dict[str, Any]:
+    """What the reader did, for the response's `deskeye` field and the benchmarks."""
+    return {
+        "num_lines": sum(len(r.lines) for r in reads),
+        "num_regions_read": sum(len(r.regions) for r in reads),
+        "area_read_fraction": round(sum(r.area_read_fraction for r in reads) / len(reads), 4),
+        "full_reads": sum(r.is_full_read for r in reads),
+        "read_ms": round(sum(r.read_s for r in reads) * 1000, 1),
+        "total_ms": round(elapsed_s * 1000, 1),
+    }
+
+
+def approx_tokens(text: str) -> int:
+    """An OCR engine has no tokenizer: about four characters per token, for usage accounting only."""
+    return math.ceil(len(text) / 4)
+
+
+def _schema_problem(data: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(data))
+    return None if error is None else error.message[:200]
+
+
+def _shifted(line: OcrLine, offset_px: int) -> OcrLine:
+    if not offset_px:
+        return line
+    left, top, right, bottom = line.box
+    return OcrLine(line.text, (left, top + offset_px, right, bottom + offset_px), line.score)
+
+
+# -------------------------------------------------------------------- answering a question
+
+QUESTION_STOPWORDS = frozenset("""
+a an the is are was were be been am what whats what's which who whom whose when where why how does do did done
+can could would should will shall may might must i me my mine you your it its it's this that these those there
+here on in at of to for from with about into onto by as and or but not no yes any some all please tell show say
+says said read screen window display displayed see seen look looking line lines text word words written write
+thing things many much describe description summary summarize summarise now currently right just there's whats
+out off up get got has have had than then them they their there also very more most other own same too
+""".split())
+CJK_STOP_CHARS = frozenset("的是了吗呢啊吧我你他她它这那哪什么怎么样有没在上下里中个几多少请告诉说写屏幕显示看到内容一些")
+
+
+@dataclass(frozen=True)
+class QuestionWord:
+    shown: str                  # as the summary names it
+    keys: tuple[str, ...]       # a line mentions the word when its compacted text contains one of these
+
+
+def question_words(question: str) -> list[QuestionWord]:
+    """The question's content words: Latin words of 3+ letters that are not stop words (a plural 's'
+    dropped), and CJK phrases (split at function characters; matched by their two-character pieces).
+    Empty = "describe the screen"."""
+    text = clean(question).lower()
+    words = []
+    for word in re.findall(r"[a-z0-9][a-z0-9'-]*", text):
+        if len(word) >= 3 and word not in QUESTION_STOPWORDS:
+            stem = word[:-1] if len(word) > 4 and word.endswith("s") and not word.endswith("ss") else word
+            words.append(QuestionWord(word, (stem,)))
+    for run in re.findall(r"[\u3400-\u9fff]+", text):
+        for phrase in re.split("[" + "".join(sorted(CJK_STOP_CHARS)) + "]+", run):
+            if len(phrase) >= 2:
+                words.append(QuestionWord(phrase, tuple(phrase[i:i + 2] for i in range(len(phrase) - 1))))
+    return list({w.shown: w for w in words}.values())
+
+
+def answer(lines: Sequence[LineLike], frame_height: int, question: str) -> ScreenDescription:
+    """The description, with the lines that contain the question's words quoted first. A question with no
+    content words ("what is on my screen?") gets the plain description; one no line mentions says so."""
+    described = describe(lines, frame_height)
+    words = question_words(question)
+    texts = [clean(line.text) for line in lines]
+    if not words or not any(texts):
+        return described
+    ranked = salient_order(lines, texts, described.matches, described.entities, frame_height)
+    keys = [key for word in words for key in word.keys]
+    relevant = [i for i in ranked if any(key in compact(texts[i]) for key in keys)]
+    asked = ", ".join(f"“{w.shown}”" for w in words[:3])
+    if relevant:
+        rest = [i for i in ranked if i not in relevant]
+        sections = [(f"About {asked}: ", [texts[i] for i in relevant]),
+                    (". Also on screen: ", [texts[i] for i in rest])]
+        summary, (first, second) = compose_summary(sections)
+        quoted = [relevant[i] for i in first] + [rest[i] for i in second]
+    else:
+        summary, (first,) = compose_summary([(f"Nothing on screen mentions {asked}. {described.kind}: ",
+                                              [texts[i] for i in ranked])])
+        quoted = [ranked[i] for i in first]
+    return ScreenDescription(summary, described.key_objects, described.kind, described.matches,
+                             described.entities, quoted)

@@ -1,0 +1,376 @@
+"""Read the text on a screen frame with RapidOCR, re-reading only the parts that changed.
+
+The models are the PP-OCRv4 detector and recogniser shipped inside the rapidocr-onnxruntime wheel:
+nothing is downloaded, ever. They load on the first read, not at import. The reader keeps the
+previous frame and its lines; when a new frame of the same size differs only in a few regions, only
+those regions are detected and recognised again and every other line is kept. One thread (the
+worker's model thread) owns a reader: it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+Rect = tuple[int, int, int, int]   # left, top, right, bottom in frame pixels (right/bottom exclusive)
+_DET_STRIDE = 32                   # the detector's input grid: sides are multiples of this
+
+
+@dataclass(frozen=True)
+class OcrConfig:
+    #: frames wider or taller than this are scaled down for detection only (recognition reads full pixels);
+    #: 960 halves a full-HD frame and its boxes get too loose for 36 px recognition (benchmarks/ocr_latency.py)
+    det_max_side_px: int = 1280
+    #: line crops are scaled to this height for recognition; the model was trained at 48 px, and 36 px
+    #: reads screen text as well (see benchmarks/ocr_latency.py) for ~45% less recognition time
+    rec_height_px: int = 36
+    #: lines recognised with a lower mean confidence are dropped
+    min_score: float = 0.5
+    #: onnxruntime intra-op threads per model; 0 = onnxruntime's default (all physical cores)
+    num_threads: int = 2
+    #: a pixel whose channel value moved by more than this (0-255) counts as changed
+    diff_threshold: int = 24
+    #: context kept around a changed region when it is re-read
+    margin_px: int = 12
+    #: when the changed regions cover more than this fraction of the frame, read the whole frame
+    max_reread_fraction: float = 0.5
+
+    def __post_init__(self):
+        if not 64 <= self.det_max_side_px <= 4096:
+            raise ValueError(f"det_max_side_px must be 64..4096; got {self.det_max_side_px}.")
+        if not 16 <= self.rec_height_px <= 64:
+            raise ValueError(f"rec_height_px must be 16..64 (the model reads 48); got {self.rec_height_px}.")
+        if not 0.0 <= self.min_score < 1.0:
+            raise ValueError(f"min_score must be in [0, 1); got {self.min_score}.")
+        if self.num_threads < 0:
+            raise ValueError(f"num_threads must be >= 0 (0 = onnxruntime default); got {self.num_threads}.")
+        if not 0 <= self.diff_threshold <= 255 or self.margin_px < 0:
+            raise ValueError("diff_threshold must be 0..255 and margin_px >= 0.")
+        if not 0.0 < self.max_reread_fraction <= 1.0:
+            raise ValueError(f"max_reread_fraction must be in (0, 1]; got {self.max_reread_fraction}.")
+
+
+@dataclass(frozen=True)
+class OcrLine:
+    text: str
+    box: Rect
+    score: float
+
+    @property
+    def height(self) -> int:
+        return self.box[3] - self.box[1]
+
+    @property
+    def center(self) -> tuple[float, float]:
+        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    lines: tuple[OcrLine, ...]     # reading order: top to bottom, left to right within a row
+    regions: tuple[Rect, ...]      # what was detected and recognised this time (the whole frame on a full read)
+    is_full_read: bool
+    frame_size: tuple[int, int]    # width, height
+    read_s: float
+
+    @property
+    def area_read_px(self) -> int:
+        return sum((r[2] - r[0]) * (r[3] - r[1]) for r in self.regions)
+
+    @property
+    def area_read_fraction(self) -> float:
+        width, height = self.frame_size
+        return self.area_read_px / max(1, width * height)
+
+
+class OcrReader:
+    """`read(frame)` returns the frame's lines; what did not change since the last frame is not re-read."""
+
+    def __init__(self, config: OcrConfig | None = None):
+        self.config = config or OcrConfig()
+        self._ocr: Any = None                      # rapidocr_onnxruntime.RapidOCR, loaded on first use
+        self._last_frame: np.ndarray | None = None
+        self._last_lines: tuple[OcrLine, ...] = ()
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._ocr is not None
+
+    def load(self) -> None:
+        """Load the detection and recognition models (from the wheel; no network). Idempotent."""
+        if self._ocr is None:
+            self._ocr = _load_rapidocr(self.config)
+
+    def reset(self) -> None:
+        """Forget the previous frame: the next read is a full read."""
+        self._last_frame, self._last_lines = None, ()
+
+    def close(self) -> None:
+        """Forget the previous frame and free the models (a later read loads them again)."""
+        self.reset()
+        self._ocr = None
+
+    def read(self, frame: "Image | np.ndarray") -> ReadResult:
+        """Lines of `frame` (PIL image, or HxWx3 BGR uint8 array), re-reading only what changed."""
+        started = time.perf_counter()
+        bgr = to_bgr(frame)
+        regions = self._changed_regions(bgr)
+        if regions is None:
+            lines, regions, is_full = self._read_regions(bgr, [_whole(bgr)]), (_whole(bgr),), True
+        else:
+            kept = [ln for ln in self._last_lines if not any(_contains(r, ln.center) for r in regions)]
+            lines, is_full = kept + self._read_regions(bgr, regions), False
+        self._last_frame, self._last_lines = bgr, tuple(reading_order(lines))
+        return ReadResult(self._last_lines, tuple(regions), is_full, (bgr.shape[1], bgr.shape[0]),
+                          time.perf_counter() - started)
+
+    def read_full(self, frame: "Image | np.ndarray") -> ReadResult:
+        """Read the whole frame, ignoring the previous one (and remember it for the next `read`)."""
+        self.reset()
+        return self.read(frame)
+
+    # ---------------------------------------------------------------- change detection
+
+    def _changed_regions(self, bgr: np.ndarray) -> list[Rect] | None:
+        """Regions to re-read, [] when nothing changed, None when a full read is due."""
+        prev = self._last_frame
+        if prev is None or prev.shape != bgr.shape:
+            return None
+        diff = frame_diff(prev, bgr)
+        regions = changed_regions(diff, self.config.diff_threshold, self._last_lines, self.config.margin_px)
+        area = sum((r[2] - r[0]) * (r[3] - r[1]) for r in regions)
+        if area > self.config.max_reread_fraction * bgr.shape[0] * bgr.shape[1]:
+            return None
+        return regions
+
+    # ---------------------------------------------------------------- detection + recognition
+
+    def _read_regions(self, bgr: np.ndarray, regions: list[Rect]) -> list[OcrLine]:
+        self.load()
+        small, scale = _fit(bgr, self.config.det_max_side_px)
+        lines: list[OcrLine] = []
+        for region in regions:
+            quads = self._detect(small, scale, _grow(region, self.config.margin_px))
+            quads = [q for q in quads if _contains(region, _quad_center(q))]
+            lines.extend(self._recognize(bgr, quads))
+        return lines
+
+    def _detect(self, small: np.ndarray, scale: float, window: Rect) -> list[np.ndarray]:
+        """Text quads (4x2 float32, frame coordinates) found inside `window` (frame coordinates).
+
+        `small` is the whole frame scaled for detection. The window is cut from it on the detector's
+        32-pixel grid, so a region re-read sees the very pixels, in the same stride phase, that a full
+        read sees. The boxes still differ by a pixel or two (the detector pools over its whole input),
+        which recognition at `rec_height_px` shrugs off (tests/test_ocr_engine.py checks the text).
+        """
+        height, width = small.shape[:2]
+        left = max(0, math.floor(window[0] * scale)) // _DET_STRIDE * _DET_STRIDE
+        top = max(0, math.floor(window[1] * scale)) // _DET_STRIDE * _DET_STRIDE
+        right, bottom = min(width, math.ceil(window[2] * scale)), min(height, math.ceil(window[3] * scale))
+        quads, _ = self._ocr.text_det(_pad_for_detector(small[top:bottom, left:right]))
+        if quads is None or len(quads) == 0:
+            return []
+        result = []
+        for quad in quads:
+            quad = ((quad.astype(np.float64) + (left, top)) / scale).astype(np.float32)
+            quad[:, 0] = np.clip(quad[:, 0], 0, width / scale - 1)
+            quad[:, 1] = np.clip(quad[:, 1], 0, height / scale - 1)
+            result.append(quad)
+        return result
+
+    def _recognize(self, bgr: np.ndarray, quads: list[np.ndarray]) -> list[OcrLine]:
+        if not quads:
+            return []
+        crops = self._ocr.get_crop_img_list(bgr, quads)
+        rec = self._ocr.text_rec
+        lines = []
+        for quad, crop in zip(quads, crops):
+            preds = rec.session(_rec_input(crop, self.config.rec_height_px))[0]
+            text, score = rec.postprocess_op(preds)[0][:2]
+            text = text.strip()
+            if text and score >= self.config.min_score:
+                lines.append(OcrLine(text, _quad_rect(quad), round(float(score), 4)))
+        return lines
+
+
+# -------------------------------------------------------------------- pure helpers
+
+def to_bgr(frame: "Image | np.ndarray") -> np.ndarray:
+    """A contiguous HxWx3 BGR uint8 array (what the models read) from a PIL image or such an array."""
+    if isinstance(frame, np.ndarray):
+        if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+            raise ValueError(f"A frame array must be HxWx3 uint8 (BGR); got shape {frame.shape} {frame.dtype}.")
+        return frame.copy(order="C")       # kept as the previous frame: the caller may reuse its buffer
+    rgb = np.asarray(frame.convert("RGB"))
+    return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
+def frame_diff(prev: np.ndarray, frame: np.ndarray) -> np.ndarray:
+    """|prev - frame| per channel, as an H x (W*3) uint8 array (rows stay contiguous: reductions are fast)."""
+    import cv2  # ships with rapidocr-onnxruntime (opencv-python); imported lazily like the models
+
+    return cv2.absdiff(prev, frame).reshape(frame.shape[0], -1)
+
+
+def changed_regions(diff: np.ndarray, threshold: int, old_lines: tuple[OcrLine, ...] | list[OcrLine],
+                    margin_px: int) -> list[Rect]:
+    """Rectangles to re-read: each run of changed rows, spanning its changed columns, grown to cover
+    the old lines it touches (a partly changed line is re-read whole); overlapping ones merged.
+    A pixel changed when some channel moved by more than `threshold`."""
+    rows = np.flatnonzero(diff.max(axis=1) > threshold)
+    if rows.size == 0:
+        return []
+    regions = []
+    for top, bottom in _runs(rows, gap=margin_px):
+        band = diff[top:bottom].max(axis=0).reshape(-1, 3).max(axis=1)
+        cols = np.flatnonzero(band > threshold)
+        regions.append((int(cols[0]), int(top), int(cols[-1]) + 1, int(bottom)))
+    return _cover_lines(regions, old_lines, margin_px)
+
+
+def _runs(indices: np.ndarray, gap: int) -> list[tuple[int, int]]:
+    """[start, stop) runs of sorted indices, joining runs separated by at most `gap`."""
+    breaks = np.flatnonzero(np.diff(indices) > gap + 1)
+    starts = np.concatenate(([indices[0]], indices[breaks + 1]))
+    stops = np.concatenate((indices[breaks], [indices[-1]])) + 1
+    return list(zip(starts.tolist(), stops.tolist()))
+
+
+def _cover_lines(regions: list[Rect], lines, margin_px: int) -> list[Rect]:
+    """Grow regions until no old line straddles a region's edge, merging regions that come to touch."""
+    while True:
+        grown = [_union([r] + [ln.box for ln in lines if _overlaps(r, ln.box)]) for r in regions]
+        merged = _merge_overlapping(grown, margin_px)
+        if merged == regions:
+            return regions
+        regions = merged
+
+
+def _merge_overlapping(regions: list[Rect], margin_px: int) -> list[Rect]:
+    merged: list[Rect] = []
+    for region in sorted(regions, key=lambda r: (r[1], r[0])):
+        for i, other in enumerate(merged):
+            if _overlaps(_grow(region, margin_px), other):
+                merged[i] = _union([region, other])
+                break
+        else:
+            merged.append(region)
+    return merged if len(merged) == len(regions) else _merge_overlapping(merged, margin_px)
+
+
+def reading_order(lines: list[OcrLine]) -> list[OcrLine]:
+    """Top to bottom; lines whose vertical centres are within half a line height form a row, read left to right."""
+    rows: list[list[OcrLine]] = []
+    for line in sorted(lines, key=lambda ln: (ln.center[1], ln.box[0])):
+        row = rows[-1] if rows else None
+        if row and abs(line.center[1] - row[0].center[1]) < max(4.0, row[0].height / 2):
+            row.append(line)
+        else:
+            rows.append([line])
+    return [line for row in rows for line in sorted(row, key=lambda ln: ln.box[0])]
+
+
+def _load_rapidocr(config: OcrConfig) -> Any:
+    # onnxruntime >= 1.29 ships telemetry on Linux too: it writes a device id under ~/.cache/Microsoft and
+    # queues usage events for upload. DeskEye promises that nothing leaves the machine, so opt out before
+    # onnxruntime initialises (the variable is read once per process).
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+    from rapidocr_onnxruntime import RapidOCR  # onnxruntime + opencv: imported on first use only
+    from rapidocr_onnxruntime.utils.infer_engine import OrtInferSession
+
+    threads = min(config.num_threads, os.cpu_count() or 1) if config.num_threads else -1
+    make_options = OrtInferSession._init_sess_opts
+
+    def options_without_spinning(session_config: dict) -> Any:
+        # Idle onnxruntime threads spin by default: on two shared cores that burns the CPU the app and
+        # the capture loop need, for no gain in latency (benchmarks/ocr_latency.py, cpu_s column).
+        options = make_options(session_config)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return options
+
+    OrtInferSession._init_sess_opts = staticmethod(options_without_spinning)   # during this load only
+    try:
+        return RapidOCR(use_cls=False, text_score=config.min_score, intra_op_num_threads=threads,
+                        inter_op_num_threads=1 if threads > 0 else -1,
+                        det_limit_type="max")   # "max" never scales up; _fit scales down
+    finally:
+        OrtInferSession._init_sess_opts = staticmethod(make_options)
+
+
+def _rec_input(crop: np.ndarray, height_px: int) -> np.ndarray:
+    import cv2
+
+    crop_h, crop_w = crop.shape[:2]
+    width_px = max(height_px // 2, int(math.ceil(height_px * crop_w / max(1, crop_h))))
+    x = cv2.resize(crop, (width_px, height_px)).astype(np.float32).transpose(2, 0, 1)
+    return ((x / 255.0 - 0.5) / 0.5)[np.newaxis]
+
+
+def _fit(image: np.ndarray, max_side_px: int) -> tuple[np.ndarray, float]:
+    """`image` scaled down so that its longer side is at most `max_side_px`, and the scale used."""
+    import cv2
+
+    scale = min(1.0, max_side_px / max(image.shape[:2]))
+    if scale == 1.0:
+        return image, 1.0
+    size = (max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale)))
+    return cv2.resize(image, size, interpolation=cv2.INTER_AREA), scale
+
+
+def _pad_for_detector(region: np.ndarray) -> np.ndarray:
+    """Pad right and bottom with the border colour to the detector's grid (multiples of 32, so it is
+    not resized) and to a sane aspect ratio (it misreads thin strips: height >= width / 8)."""
+    import cv2
+
+    height, width = region.shape[:2]
+    target_h = _round_up(max(height, 64, math.ceil(width / 8)), _DET_STRIDE)
+    target_w = _round_up(max(width, 64, math.ceil(height / 8)), _DET_STRIDE)
+    if (target_h, target_w) == (height, width):
+        return region
+    border = np.concatenate([region[0], region[-1], region[:, 0], region[:, -1]])
+    colour = tuple(int(c) for c in np.median(border, axis=0))
+    return cv2.copyMakeBorder(region, 0, target_h - height, 0, target_w - width, cv2.BORDER_CONSTANT, value=colour)
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+def _whole(bgr: np.ndarray) -> Rect:
+    return 0, 0, bgr.shape[1], bgr.shape[0]
+
+
+def _grow(rect: Rect, by_px: int, shape: tuple[int, ...] | None = None) -> Rect:
+    left, top, right, bottom = rect[0] - by_px, rect[1] - by_px, rect[2] + by_px, rect[3] + by_px
+    if shape is None:
+        return left, top, right, bottom
+    return max(0, left), max(0, top), min(shape[1], right), min(shape[0], bottom)
+
+
+def _union(rects: list[Rect]) -> Rect:
+    return (min(r[0] for r in rects), min(r[1] for r in rects), max(r[2] for r in rects), max(r[3] for r in rects))
+
+
+def _overlaps(a: Rect, b: Rect) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _contains(rect: Rect, point: tuple[float, float]) -> bool:
+    return rect[0] <= point[0] < rect[2] and rect[1] <= point[1] < rect[3]
+
+
+def _quad_center(quad: np.ndarray) -> tuple[float, float]:
+    return float(quad[:, 0].mean()), float(quad[:, 1].mean())
+
+
+def _quad_rect(quad: np.ndarray) -> Rect:
+    return (int(math.floor(quad[:, 0].min())), int(math.floor(quad[:, 1].min())),
+            int(math.ceil(quad[:, 0].max())) + 1, int(math.ceil(quad[:, 1].max())) + 1)

@@ -1,0 +1,209 @@
+"""WorkerSupervisor + WorkerClient against a real `deskeye-worker --engine ocr` subprocess.
+
+A worker killed with SIGKILL is restarted and the next question is answered; a question in flight when
+it dies is retried and answered; stop() leaves no child process; a worker that cannot start, or keeps
+dying, is reported with its own last output lines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from deskeye.client import WorkerClient
+from deskeye.errors import WorkerUnavailable
+from deskeye.settings import Settings, with_overrides
+from deskeye.supervisor import WorkerSupervisor
+from tests.fixtures.text_image import render_text_png
+
+WORDS = ["Quarterly", "budget", "review"]
+
+
+def ocr_settings(**worker) -> Settings:
+    return with_overrides(Settings(), worker={"engine": "ocr", "startup_timeout_s": 60.0,
+                                              "request_timeout_s": 60.0, **worker})
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def text_png() -> bytes:
+    return render_text_png(["Quarterly budget review", "Meeting at 3pm"])
+
+
+@pytest.fixture(scope="module")
+def running():
+    """One supervised OCR worker for the module, with the states it went through."""
+    states: list[str] = []
+    supervisor = WorkerSupervisor(ocr_settings(), on_state_change=states.append)
+    supervisor.start()
+    client = WorkerClient(supervisor, supervisor.settings)
+    yield supervisor, client, states
+    client.close()
+    supervisor.stop()
+
+
+def _children_in(state_dir) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if str(state_dir) in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_start_waits_until_the_worker_serves(running):
+    supervisor, _, states = running
+    endpoint = supervisor.endpoint(timeout_s=1)
+    assert supervisor.state == "ready" and states[:2] == ["starting", "ready"]
+    assert endpoint.url.startswith("http://127.0.0.1:") and len(endpoint.api_key) >= 32
+    assert endpoint.engine == "ocr"
+    state_file = supervisor.state_dir / "worker.json"
+    assert oct(state_file.stat().st_mode & 0o777) == "0o600"
+    assert oct(supervisor.state_dir.stat().st_mode & 0o777) == "0o700"
+    assert psutil.Process(supervisor.pid).is_running()
+
+
+def test_ask_returns_the_text_ocr_read(running, text_png):
+    _, client, _ = running
+    answer = client.ask("What is on this screen?", text_png)
+    assert answer.engine == "ocr"
+    assert all(word.lower() in answer.summary.lower() for word in WORDS), answer
+    assert answer.latency_ms > 0
+
+
+def test_sigkilled_worker_is_restarted_and_the_next_ask_succeeds(running, text_png):
+    supervisor, client, states = running
+    old_pid, old_endpoint, restarts = supervisor.pid, supervisor.endpoint(1), supervisor.num_restarts
+    os.kill(old_pid, signal.SIGKILL)
+    answer = client.ask("What is on this screen?", text_png)
+    assert "budget" in answer.summary.lower()
+    assert supervisor.num_restarts == restarts + 1
+    assert supervisor.pid not in (None, old_pid)
+    assert supervisor.endpoint(1) != old_endpoint
+    assert "restarting" in states and states[-1] == "ready"
+
+
+def test_a_question_in_flight_when_the_worker_dies_is_retried(running):
+    """The kill lands while the request is being served (checked: the ask has not returned yet)."""
+    supervisor, client, _ = running
+    big_png = render_text_png([f"Invoice number {i} overdue" for i in range(8)], width=1200)
+    pid, restarts = supervisor.pid, supervisor.num_restarts
+    worker = psutil.Process(pid)
+    busy_from = sum(worker.cpu_times()[:2])
+    result: dict = {}
+    asker = threading.Thread(target=lambda: result.update(answer=client.ask("What is this?", big_png)))
+    asker.start()
+    deadline = time.monotonic() + 30
+    while sum(worker.cpu_times()[:2]) - busy_from < 0.05 and time.monotonic() < deadline:
+        time.sleep(0.01)                      # the worker starts decoding / reading the image
+    was_in_flight = asker.is_alive()
+    os.kill(pid, signal.SIGKILL)
+    asker.join(timeout=90)
+    assert was_in_flight, "the request finished before the kill; the test did not test anything"
+    assert "invoice" in result["answer"].summary.lower()
+    assert supervisor.num_restarts == restarts + 1 and supervisor.pid != pid
+
+
+def test_stop_terminates_the_worker_and_leaves_no_child():
+    supervisor = WorkerSupervisor(ocr_settings())
+    supervisor.start()
+    pid, state_dir = supervisor.pid, supervisor.state_dir
+    assert _children_in(state_dir)
+    supervisor.stop()
+    assert supervisor.state == "stopped"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _children_in(state_dir) == [] and not state_dir.exists()
+    with pytest.raises(WorkerUnavailable, match="not running"):
+        supervisor.endpoint(timeout_s=0.1)
+
+
+def test_gives_up_after_max_restarts_with_the_workers_output():
+    states: list[str] = []
+    supervisor = WorkerSupervisor(ocr_settings(max_restarts=1), on_state_change=states.append)
+    supervisor.start()
+    try:
+        os.kill(supervisor.pid, signal.SIGKILL)
+        supervisor.recover(supervisor.endpoint(1), timeout_s=60)       # restart 1 of 1
+        os.kill(supervisor.pid, signal.SIGKILL)
+        with pytest.raises(WorkerUnavailable) as failure:
+            supervisor.recover(supervisor.endpoint(1), timeout_s=60)
+        assert supervisor.state == "down" and states[-1] == "down"
+        assert "died 2 times" in str(failure.value) and "stopped restarting" in str(failure.value)
+        assert "listening on http://127.0.0.1:" in str(failure.value)      # the worker's own last lines
+        with pytest.raises(WorkerUnavailable, match="stopped restarting"):
+            supervisor.endpoint(timeout_s=0.1)
+    finally:
+        supervisor.stop()
+
+
+def test_a_worker_that_cannot_start_is_reported_with_its_error(tmp_path):
+    missing = tmp_path / "no-such-model"
+    supervisor = WorkerSupervisor(ocr_settings(engine="transformers", model=str(missing)))
+    try:
+        with pytest.raises(WorkerUnavailable) as failure:
+            supervisor.start()
+    finally:
+        supervisor.stop()
+    message = str(failure.value)
+    assert "exited with code 1 while starting" in message
+    assert f"{missing}" in message and "does not exist" in message     # the worker's own error line
+    assert supervisor.num_restarts == 0
+
+
+def test_external_url_runs_no_process(monkeypatch):
+    monkeypatch.setenv("DESKEYE_WORKER_API_KEY", "sk-from-env")
+    with socket.socket() as probe:                # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    settings = with_overrides(Settings(), worker={"url": f"{url}/v1/", "remote_model": "m"})
+    supervisor = WorkerSupervisor(settings)
+    supervisor.start()
+    endpoint = supervisor.endpoint()
+    assert supervisor.state == "external" and supervisor.pid is None and supervisor.state_dir is None
+    assert (endpoint.url, endpoint.api_key, endpoint.model) == (url, "sk-from-env", "m")
+    with pytest.raises(WorkerUnavailable, match=f"Cannot reach the server at {url}: is it running"):
+        WorkerClient(supervisor, settings).ask("hi", None)
+    supervisor.stop()
+
+
+APP_SCRIPT = """
+import sys, time
+from deskeye.settings import Settings, with_overrides
+from deskeye.supervisor import WorkerSupervisor
+supervisor = WorkerSupervisor(with_overrides(Settings(), worker={"engine": "ocr", "startup_timeout_s": 60.0}))
+supervisor.start()
+print(supervisor.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
+def test_a_killed_app_leaves_no_orphaned_worker(tmp_path):
+    app = subprocess.Popen([sys.executable, "-c", APP_SCRIPT], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "TMPDIR": str(tmp_path)})    # its state folder lands here
+    worker = None
+    try:
+        worker = psutil.Process(int(app.stdout.readline()))
+        app.kill()                                    # SIGKILL: the app gets no chance to stop() anything
+        app.wait(timeout=10)
+        gone, alive = psutil.wait_procs([worker], timeout=15)
+        assert alive == [], "the worker outlived the app that started it"
+    finally:
+        app.kill()
+        app.wait(timeout=10)
+        if worker is not None and worker.is_running():
+            worker.kill()
