@@ -17,7 +17,7 @@ deskeye_env() {
     if [ "$#" -gt 0 ]; then "$VENV/bin/python" -m pip install -q "$@"; fi
     local target="$ROOT"
     [ -n "$extras" ] && target="$ROOT[$extras]"
-    "$VENV/bin/python" -m pip install -q -e "$target"
+    PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q -e "$target"   # quiet setuptools notices
     echo "$want" > "$stamp"
 }
 
