@@ -5,8 +5,8 @@ Threads, each stoppable:
   region; if it changed since the last described frame, queue an automatic describe;
 - job thread: serves describe/ask jobs one at a time, in order (hotkey and tray jobs first, none dropped);
 - hotkeys (pynput), tray (pystray, daemon) and the overlay's Tk thread: they only enqueue or display.
-Automatic descriptions go to the screen memory ("what was that?") and the hooks; what the user asked
-for is also shown in the overlay and kept in the rolling conversation memory (cleared on pause/quit).
+Every description is shown in the overlay and goes to the screen memory ("what was that?") and the hooks;
+what the user asked for is also kept in the rolling conversation memory (cleared on pause/quit).
 """
 
 from __future__ import annotations

@@ -207,3 +207,23 @@ def test_a_killed_app_leaves_no_orphaned_worker(tmp_path):
         app.wait(timeout=10)
         if worker is not None and worker.is_running():
             worker.kill()
+
+
+def test_the_worker_settings_reach_the_worker_it_starts(tmp_path):
+    """The app's [worker] settings (model, device, dtype, OCR grounding, timeout) become the child's config."""
+    from deskeye.supervisor import worker_command
+    from inference_worker.cli import build_parser, config_from_args
+
+    settings = with_overrides(Settings(), worker={
+        "engine": "transformers", "model": str(tmp_path / "model"), "device": "cpu", "dtype": "fp32",
+        "ground_with_ocr": True, "request_timeout_s": 42.0})
+    command = worker_command(settings, tmp_path / "worker.json")
+    assert command[:3] == [sys.executable, "-m", "inference_worker.cli"]
+    config = config_from_args(build_parser().parse_args(command[3:]))
+    assert (config.engine, config.model, config.device, config.dtype) == (
+        "transformers", str(tmp_path / "model"), "cpu", "fp32")
+    assert config.ground_with_ocr and config.request_timeout_s == 42.0 and config.port == 0
+    assert config.state_file == tmp_path / "worker.json"
+
+    plain = config_from_args(build_parser().parse_args(worker_command(Settings(), tmp_path / "w.json")[3:]))
+    assert not plain.ground_with_ocr and plain.engine == "auto" and plain.model in (None, "")
