@@ -24,6 +24,7 @@ from deskeye.app import App
 from deskeye.overlay import ASK_TITLE, WINDOW_TITLE
 from deskeye.settings import settings_from_dict
 from inference_worker.metrics import parse_metrics
+from tests.fixtures.polling import wait_until
 
 REGION_GEOMETRY = "800x600+560+240"        # the default capture region: 800x600 centred on 1920x1080
 LINES = ["Quarterly report draft", "Revenue grew by twelve percent", "Costs are under review",
@@ -37,16 +38,6 @@ QUIET_S = 1.5                              # five capture ticks
 
 def xdotool(*args: str) -> str:
     return subprocess.run(["xdotool", *args], capture_output=True, text=True, timeout=10).stdout.strip()
-
-
-def wait_until(predicate, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    return predicate()
 
 
 def chat_requests(app: App) -> int:

@@ -11,6 +11,7 @@ import pytest
 from deskeye.capture import ScreenGrabber
 from deskeye.overlay import ASK_TITLE, THINKING_TEXT, WINDOW_TITLE, Overlay
 from deskeye.settings import CaptureSettings, OverlaySettings
+from tests.fixtures.polling import wait_until
 
 OVERLAY_BG = (0x1F, 0x24, 0x30)     # the "answer" background colour
 
@@ -18,16 +19,6 @@ OVERLAY_BG = (0x1F, 0x24, 0x30)     # the "answer" background colour
 def xdotool(*args: str) -> str:
     done = subprocess.run(["xdotool", *args], capture_output=True, text=True, timeout=10)
     return done.stdout.strip()
-
-
-def wait_until(predicate, timeout_s: float = 5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    return predicate()
 
 
 def xwininfo(window_id: str) -> dict[str, str]:
