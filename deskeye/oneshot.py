@@ -17,21 +17,21 @@ from deskeye.settings import Settings, with_overrides
 from deskeye.supervisor import WorkerSupervisor
 from inference_worker.protocol import DESCRIBE_QUESTION
 
+
 def cmd_describe(args, settings: Settings) -> int:
-    settings = _apply_overrides(args, settings)
-    png = _frame_png(args, settings)
-    answer = _ask_once(settings, DESCRIBE_QUESTION, png)
-    _print_answer(answer, as_json=args.json)
-    return 0
+    return _answer_once(args, settings, DESCRIBE_QUESTION)
 
 
 def cmd_ask(args, settings: Settings) -> int:
     question = (args.question or "").strip()
     if not question:
         raise UsageError('The question is empty: deskeye ask "What does this error mean?"')
+    return _answer_once(args, settings, question)
+
+
+def _answer_once(args, settings: Settings, question: str) -> int:
     settings = _apply_overrides(args, settings)
-    png = _frame_png(args, settings)
-    answer = _ask_once(settings, question, png)
+    answer = _ask_once(settings, question, _frame_png(args, settings))
     _print_answer(answer, as_json=args.json)
     return 0
 

@@ -26,6 +26,7 @@ from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.memory import ConversationMemory
 from deskeye.settings import Settings, with_overrides
 from deskeye.supervisor import WorkerSupervisor
+from tests.fixtures.processes import stop_process
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import running_worker, worker_env
 
@@ -93,12 +94,7 @@ def transformers_serve(tiny_idefics3_dir, tmp_path_factory):
     try:
         yield _wait_for_uvicorn(proc, output), output
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=15)
         reader.join(timeout=5)
 
 
