@@ -14,7 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from inference_worker.config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
+from inference_worker.config import (DEFAULT_BATCH_WINDOW_MS, DEFAULT_KV_CACHE_MB, DEFAULT_KV_SIMILAR_THRESHOLD,
+                                     DEFAULT_LOAD_THRESHOLDS_PCT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
                                      DEFAULT_MAX_TOKENS_LIMIT, DEVICES, DTYPES, ENGINES, ConfigError, WorkerConfig)
 
 PROG = "deskeye-worker"
@@ -76,6 +77,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a request that waits longer than this for the model is answered 504 "
                         "(default: %(default)s)")
 
+    g = p.add_argument_group("batching (concurrent requests are decoded together)")
+    g.add_argument("--max-batch-size", type=int, default=8, metavar="N",
+                   help="most requests decoded in one batch; a full batch starts at once; 1 = one request at "
+                        "a time (default: %(default)s)")
+    g.add_argument("--batch-window-ms", type=_numbers(3), default=DEFAULT_BATCH_WINDOW_MS, metavar="LOW,MID,HIGH",
+                   help="how long the first queued request waits for others, by load: under the low threshold, "
+                        "between, above the high one (default: 50,150,200)")
+    g.add_argument("--load-thresholds", dest="load_thresholds_pct", type=_numbers(2),
+                   default=DEFAULT_LOAD_THRESHOLDS_PCT, metavar="LOW,HIGH",
+                   help="load percentages where the window steps up; load is GPU utilisation (NVML) where "
+                        "available, raised by the worker's own busy share and queue (default: 30,70)")
+    g.add_argument("--preprocess-threads", type=int, default=2, metavar="N",
+                   help="threads that decode images and run the processor while the model generates "
+                        "(default: %(default)s)")
+
+    g = p.add_argument_group("frame KV reuse (a new question about a frame already seen skips its prefill)")
+    g.add_argument("--kv-cache-mb", type=int, default=DEFAULT_KV_CACHE_MB, metavar="MB",
+                   help="memory for kept prefix KV, least recently used dropped first (default: %(default)s)")
+    g.add_argument("--no-kv-reuse", dest="kv_reuse", action="store_false",
+                   help="never reuse a frame's KV (every request is prefilled from scratch)")
+    g.add_argument("--no-kv-similar", dest="kv_similar", action="store_false",
+                   help="reuse only for exactly the same frame; by default a frame that differs in a few "
+                        "pixels reuses the older frame's KV, so the model answers about the older frame")
+    g.add_argument("--kv-similar-threshold", type=float, default=DEFAULT_KV_SIMILAR_THRESHOLD, metavar="SHARE",
+                   help="largest share of a frame's 64x48 cells that may differ for a similar hit "
+                        "(default: %(default)s, about 6 cells: a cursor, a ticking clock, one changed word)")
+
     g = p.add_argument_group("request limits (a request over a limit gets HTTP 400 or 413 naming it)")
     g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help="largest request body accepted, in bytes (default: %(default)s = 32 MiB)")
@@ -90,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true",
                    help="log every request and rejected output, and show tracebacks of engine errors")
     return p
+
+
+def _numbers(count: int):
+    """argparse type: COUNT comma-separated numbers, e.g. "50,150,200"."""
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            values = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {count} comma-separated numbers, got {text!r}") from None
+        if len(values) != count:
+            raise argparse.ArgumentTypeError(f"expected {count} comma-separated numbers, got {text!r}")
+        return values
+    return parse
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:

@@ -17,6 +17,10 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024          # a full-HD PNG is ~2-6 MB, b
 DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320             # an 8K frame; larger is refused before decoding
 DEFAULT_MAX_TOKENS_LIMIT = 1024
 DEFAULT_MAX_IMAGES = 4
+DEFAULT_BATCH_WINDOW_MS = (50.0, 150.0, 200.0)     # wait window at low / medium / high load
+DEFAULT_LOAD_THRESHOLDS_PCT = (30.0, 70.0)         # load (%) where the window steps up
+DEFAULT_KV_CACHE_MB = 512
+DEFAULT_KV_SIMILAR_THRESHOLD = 0.002               # share of 64x48 cells that may differ for a similar hit
 
 
 class ConfigError(ValueError):
@@ -42,6 +46,14 @@ class WorkerConfig:
     num_threads: int = 0                 # CPU threads for torch; 0 = the library's default
     ground_with_ocr: bool = False        # add the OCR text of each image to the model's prompt
     request_timeout_s: float = 300.0     # a request waiting longer than this for the model gets 504
+    max_batch_size: int = 8              # most requests decoded together; 1 = one at a time
+    batch_window_ms: tuple[float, float, float] = DEFAULT_BATCH_WINDOW_MS
+    load_thresholds_pct: tuple[float, float] = DEFAULT_LOAD_THRESHOLDS_PCT
+    preprocess_threads: int = 2          # threads decoding images and running the processor
+    kv_reuse: bool = True                # keep each frame's prefix KV and reuse it (exact level)
+    kv_cache_mb: int = DEFAULT_KV_CACHE_MB
+    kv_similar: bool = True              # also reuse a near-identical frame's KV (an approximation)
+    kv_similar_threshold: float = DEFAULT_KV_SIMILAR_THRESHOLD
 
     def __post_init__(self):
         _check(self.engine in ENGINES, "--engine", " | ".join(ENGINES), self.engine)
@@ -63,6 +75,24 @@ class WorkerConfig:
         _check(0 <= self.max_retries <= 10, "--max-retries", "an integer from 0 to 10", self.max_retries)
         _check(self.num_threads >= 0, "--threads", "an integer >= 0 (0 = default)", self.num_threads)
         _check(self.request_timeout_s > 0, "--request-timeout-s", "a number of seconds > 0", self.request_timeout_s)
+        _check(1 <= self.max_batch_size <= 64, "--max-batch-size", "an integer from 1 to 64", self.max_batch_size)
+        self.batch_window_ms = tuple(float(v) for v in self.batch_window_ms)
+        _check(len(self.batch_window_ms) == 3 and all(0 <= v <= 5000 for v in self.batch_window_ms),
+               "--batch-window-ms", "three millisecond values from 0 to 5000, e.g. 50,150,200", self.batch_window_ms)
+        self.load_thresholds_pct = tuple(float(v) for v in self.load_thresholds_pct)
+        low_high = self.load_thresholds_pct
+        _check(len(low_high) == 2 and 0 <= low_high[0] <= low_high[1] <= 100, "--load-thresholds",
+               "two percentages LOW,HIGH with 0 <= LOW <= HIGH <= 100, e.g. 30,70", low_high)
+        _check(1 <= self.preprocess_threads <= 32, "--preprocess-threads", "an integer from 1 to 32",
+               self.preprocess_threads)
+        _check(self.kv_cache_mb >= 0, "--kv-cache-mb", "an integer >= 0 (0 = no KV reuse)", self.kv_cache_mb)
+        _check(0 < self.kv_similar_threshold <= 0.5, "--kv-similar-threshold",
+               "a share of changed cells above 0 and at most 0.5", self.kv_similar_threshold)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The KV cache budget in bytes; 0 when reuse is off."""
+        return self.kv_cache_mb * 1024 * 1024 if self.kv_reuse else 0
 
     @property
     def wants_transformers(self) -> bool:

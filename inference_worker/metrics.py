@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
@@ -104,7 +106,10 @@ class WorkerMetrics:
         self.completion_tokens = Counter("deskeye_worker_completion_tokens_total",
                                          "Generated tokens over all engine calls (retries included).")
         self.engine_calls = Counter("deskeye_worker_engine_calls_total",
-                                    "engine.complete calls, by outcome (ok | error).")
+                                    "Answers the engine produced (one per request attempt), by outcome "
+                                    "(ok | error | rejected).")
+        self.batches = Counter("deskeye_worker_batches_total",
+                               "Model calls: batches run by the model thread (each followed by after_call).")
         self.retries = Counter("deskeye_worker_retries_total",
                                "Re-generations after cut-off or schema-invalid JSON output.")
         self.invalid_outputs = Counter("deskeye_worker_invalid_outputs_total",
@@ -116,7 +121,23 @@ class WorkerMetrics:
         self.cuda_empty_cache = Counter("deskeye_worker_cuda_empty_cache_total",
                                         "torch.cuda.empty_cache calls, as reported by the engine.")
         self.model_loaded = Gauge("deskeye_worker_model_loaded", "1 once the engine is loaded and serving, else 0.")
-        self.queue_depth = Gauge("deskeye_worker_queue_depth", "Requests waiting for the model thread.")
+        self.queue_depth = Gauge("deskeye_worker_queue_depth", "Prepared requests waiting for the model thread.")
+        self.batch_size = Histogram("deskeye_worker_batch_size", "Requests decoded together, per batch.",
+                                    buckets=BATCH_SIZE_BUCKETS)
+        self.queue_wait = Histogram("deskeye_worker_queue_wait_seconds",
+                                    "Time a prepared request waited in the queue before its batch started.",
+                                    buckets=QUEUE_WAIT_BUCKETS_S)
+        self.batch_window = Gauge("deskeye_worker_batch_window_seconds",
+                                  "The current wait window: how long the first queued request waits for others.")
+        self.load_percent = Gauge("deskeye_worker_load_percent",
+                                  "The load the window is chosen from: GPU utilisation (NVML) blended with the "
+                                  "worker's busy share and queue, 0-100.")
+        self.kv_lookups = Counter("deskeye_worker_kv_cache_lookups_total",
+                                  "Frame KV cache lookups by result (exact | similar | miss).")
+        self.kv_bytes = Gauge("deskeye_worker_kv_cache_bytes", "Bytes of prefix KV kept for frames.")
+        self.kv_entries = Gauge("deskeye_worker_kv_cache_entries", "Frames whose prefix KV is kept.")
+        self.kv_evictions = Counter("deskeye_worker_kv_cache_evictions_total",
+                                    "Frames dropped from the KV cache to stay within --kv-cache-mb.")
 
     def all(self) -> list:
         return [v for v in vars(self).values() if isinstance(v, (Counter, Histogram))]

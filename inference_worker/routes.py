@@ -15,7 +15,6 @@ from typing import Any
 from inference_worker.config import WorkerConfig
 from inference_worker.constrained import check_schema
 from inference_worker.engines.base import Engine
-from inference_worker.images import decode_request_images
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import ProtocolError, RequestLimits, completion_body, parse_chat_request
 from inference_worker.service import ModelService, ServiceError
@@ -55,8 +54,7 @@ class Routes:
         self._check_model(request.model, engine)
         if request.json_schema is not None:
             check_schema(request.json_schema)
-        images = decode_request_images(request, self.config.max_image_pixels)
-        completion = self.service.answer(request, images, self.config.request_timeout_s)
+        completion = self.service.answer(request, self.config.request_timeout_s)
         return 200, completion_body(completion, request_id=f"chatcmpl-{uuid.uuid4().hex}",
                                     model=engine.model_name, created=int(time.time()))
 

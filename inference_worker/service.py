@@ -1,25 +1,31 @@
-"""The model thread: the one thread that loads the engine and calls it; HTTP threads submit jobs to it.
+"""The model thread and what feeds it.
 
-Loading on this thread keeps all CUDA state on it (so `after_call` can empty the cache where it must run).
-A job is a validated request with its decoded images and a Future the HTTP thread waits on. The queue
-hands the thread a list of jobs (one for now), so a later batching engine only changes `_take_jobs`.
+HTTP threads `submit` requests. A small pool prepares each one off the model thread (decodes its images, runs
+the engine's `prepare`: template, processor, cache keys) and queues it. The one model thread ("deskeye-model")
+loads the engine, then takes batches from the queue after the load-adaptive wait window (scheduler.py) and
+runs them; as each row ends its answer is validated against the request's JSON schema and either answered or
+queued again, first in line, as a retry. Loading on this thread keeps all CUDA state on it, so `after_call`
+(torch.cuda.empty_cache) runs where it must.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
-import queue
 import threading
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from inference_worker.constrained import SchemaMismatchError, complete_validated
-from inference_worker.engines.base import Engine
+from inference_worker.config import WorkerConfig
+from inference_worker.constrained import output_problem, retry_request
+from inference_worker.engines.base import Engine, Prepared
+from inference_worker.images import decode_request_images
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
+from inference_worker.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
 
 log = logging.getLogger("deskeye.worker")
 
@@ -37,22 +43,28 @@ class ServiceError(ProtocolError):
 @dataclass
 class Job:
     request: ChatRequest
-    images: list                        # decoded RGB PIL images, in request order
     future: Future = field(default_factory=Future)
-    enqueued_at_s: float = field(default_factory=time.monotonic)
+    arrived_s: float = field(default_factory=time.monotonic)
+    prepared: Prepared | None = None
+    retries: int = 0
+    queue_wait_s: float = 0.0
 
 
 class ModelService:
     """Owns the engine. States: loading -> ready -> stopped, or loading -> failed."""
 
-    def __init__(self, load: Loader, *, metrics: WorkerMetrics, max_retries: int, max_tokens_limit: int,
-                 on_ready: Callable[[Engine], None] = lambda engine: None):
+    def __init__(self, load: Loader, config: WorkerConfig, *, metrics: WorkerMetrics,
+                 on_ready: Callable[[Engine], None] = lambda engine: None, gpu: GpuUtilization | None = None):
+        """`gpu` (tests) replaces the NVML reading the service sets up for a model on CUDA."""
         self._load = load
+        self._config = config
         self._on_ready = on_ready
         self._metrics = metrics
-        self._max_retries = max_retries
-        self._max_tokens_limit = max_tokens_limit
-        self._jobs: queue.Queue[Job] = queue.Queue()
+        window = WindowConfig.from_worker_config(config)
+        self._signals = LoadSignals(window.horizon_s)
+        self._window = WindowPolicy(window, self._signals, gpu)   # GPU reading added once a CUDA model loads
+        self._queue = BatchQueue(1)                       # resized to the engine's batch size once loaded
+        self._pool = ThreadPoolExecutor(config.preprocess_threads, thread_name_prefix="deskeye-prepare")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="deskeye-model", daemon=True)
         self.engine: Engine | None = None
@@ -65,18 +77,19 @@ class ModelService:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, request: ChatRequest, images: list) -> Future:
+    def submit(self, request: ChatRequest) -> Future:
         if self.state != "ready":
             raise ServiceError(f"The model is not ready ({self.state}: {self.progress}); retry shortly.",
                                status=503, code="model_not_ready")
-        job = Job(request, images)
-        self._jobs.put(job)
-        self._metrics.queue_depth.set(self._jobs.qsize())
+        job = Job(request)
+        self._signals.request_started()
+        job.future.add_done_callback(lambda _: self._signals.request_finished())
+        self._pool.submit(self._prepare, job)
         return job.future
 
-    def answer(self, request: ChatRequest, images: list, timeout_s: float) -> Completion:
-        """Submit and wait; raises ServiceError (500/502/503/504) when there is no valid answer."""
-        future = self.submit(request, images)
+    def answer(self, request: ChatRequest, timeout_s: float) -> Completion:
+        """Submit and wait; raises ProtocolError/ServiceError (4xx/5xx) when there is no valid answer."""
+        future = self.submit(request)
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
@@ -86,8 +99,36 @@ class ModelService:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._pool.shutdown(wait=False)        # queued preparations still run and answer "shutting down"
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
+        if self._window.gpu is not None:
+            self._window.gpu.close()
+
+    # ------------------------------------------------------------ preprocessing threads
+
+    def _prepare(self, job: Job) -> None:
+        if job.future.done():                  # cancelled (timed out) while waiting for a thread
+            return
+        if self._stop.is_set():
+            self._settle(job, ServiceError("The worker is shutting down.", status=503, code="shutting_down"))
+            return
+        try:
+            images = decode_request_images(job.request, self._config.max_image_pixels)
+            job.prepared = self.engine.prepare(job.request, images)
+        except ProtocolError as exc:
+            self._settle(job, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a request the engine cannot prepare answers 500, alone
+            log.warning("prepare failed: %s", _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+            self._settle(job, ServiceError(f"Could not prepare this request: {_one_line(exc)}", status=500,
+                                           code="engine_error"))
+            return
+        self._enqueue(job)
+
+    def _enqueue(self, job: Job, *, front: bool = False) -> None:
+        self._queue.put(job, front=front)
+        self._metrics.queue_depth.set(len(self._queue))
 
     # ------------------------------------------------------------ model-thread side
 
@@ -96,8 +137,9 @@ class ModelService:
             if not self._load_engine():
                 return
             while not self._stop.is_set():
-                for job in self._take_jobs():
-                    self._serve(job)
+                batch = self._queue.take(self._window_s, self._stop, POLL_INTERVAL_S)
+                if batch is not None:
+                    self._run_batch(batch)
         finally:
             self._fail_pending()
             self._close_engine()
@@ -106,69 +148,115 @@ class ModelService:
         try:
             self.engine = self._load(self._set_progress)
             _freeze_long_lived_objects()
-            self._on_ready(self.engine)
         except Exception as exc:  # noqa: BLE001 - any load failure becomes a one-line message for the CLI
             log.debug("engine load failed", exc_info=True)
             self.load_error = _one_line(exc)
             self.state = "failed"
             return False
+        max_batch_size = self._config.max_batch_size if self.engine.can_batch else 1
+        device = getattr(self.engine, "device", None)
+        if self._window.gpu is None and getattr(device, "type", "") == "cuda":
+            self._window.gpu = GpuUtilization(device.index or 0)
+        self._queue = BatchQueue(max_batch_size)
+        self._on_ready(self.engine)
         self.state = "ready" if not self._stop.is_set() else "stopped"
         self.progress = "ready"
         self._metrics.model_loaded.set(1)
-        log.info("engine %s ready: %s", self.engine.kind, self.engine.model_name)
+        log.info("engine %s ready: %s (batches of up to %d)", self.engine.kind, self.engine.model_name,
+                 max_batch_size)
         return True
 
     def _set_progress(self, message: str) -> None:
         self.progress = str(message)[:200]
 
-    def _take_jobs(self) -> list[Job]:
-        try:
-            job = self._jobs.get(timeout=POLL_INTERVAL_S)
-        except queue.Empty:
-            return []
-        self._metrics.queue_depth.set(self._jobs.qsize())
-        return [job] if job.future.set_running_or_notify_cancel() else []
+    def _window_s(self) -> float:
+        window_s = self._window.window_s(len(self._queue), self._queue.max_batch_size)
+        self._metrics.batch_window.set(window_s)
+        self._metrics.load_percent.set(self._window.last_load_pct)
+        return window_s
 
-    def _serve(self, job: Job) -> None:
+    def _run_batch(self, batch) -> None:
+        jobs = [job for job in batch.items if job.retries or job.future.set_running_or_notify_cancel()]
+        self._metrics.queue_depth.set(len(self._queue))
+        for job, wait_s in zip(batch.items, batch.queue_wait_s):
+            job.queue_wait_s = wait_s
+            self._metrics.queue_wait.observe(wait_s)
+        if not jobs:
+            return
+        self._metrics.batch_size.observe(len(jobs))
+        self._metrics.batches.inc()
+        started_s = time.monotonic()
         try:
-            completion = complete_validated(
-                lambda request: self._call_engine(request, job.images), job.request,
-                max_retries=self._max_retries, max_tokens_limit=self._max_tokens_limit,
-                on_invalid=self._count_invalid)
-        except SchemaMismatchError as exc:
-            self._metrics.retries.inc(exc.retries)
-            self._metrics.schema_failures.inc()
-            job.future.set_exception(ServiceError(str(exc), status=502, code="schema_mismatch"))
-        except ProtocolError as exc:
-            job.future.set_exception(exc)
-        except Exception as exc:  # noqa: BLE001 - never let one request take the thread down
-            log.exception("request failed")
-            job.future.set_exception(ServiceError(f"Internal error: {_one_line(exc)}", status=500,
-                                                  code="server_error"))
-        else:
-            self._metrics.retries.inc(completion.retries)
-            completion.extra = {**completion.extra, "engine": self.engine.kind}
-            job.future.set_result(completion)
-
-    def _call_engine(self, request: ChatRequest, images: list) -> Completion:
-        try:
-            completion = self.engine.complete(request, images)
-        except ProtocolError:        # the engine refused the request itself (e.g. a schema it cannot compile)
-            self._metrics.engine_calls.inc(outcome="rejected")
-            raise
-        except Exception as exc:  # noqa: BLE001 - an engine failure answers this request with 500
-            log.warning("engine failed: %s", _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
-            self._metrics.engine_calls.inc(outcome="error")
-            raise ServiceError(f"The engine failed on this request: {_one_line(exc)}", status=500,
-                               code="engine_error") from None
+            self.engine.run_batch([job.prepared for job in jobs], lambda index, outcome: self._row_done(
+                jobs[index], outcome))
+        except Exception as exc:  # noqa: BLE001 - the batch failed: every row not yet answered gets the error
+            self._engine_failed(jobs, exc)
         finally:
             self._after_call()
+            self._signals.batch_finished(time.monotonic() - started_s)
+
+    def _row_done(self, job: Job, outcome: Completion | Exception) -> None:
+        """One row ended (model thread): answer it, or queue it again as a retry."""
+        if isinstance(outcome, Exception):
+            self._engine_failed([job], outcome)
+            return
+        self._count_completion(outcome)
+        schema = job.request.json_schema
+        problem = output_problem(outcome, schema) if schema is not None else None
+        if problem is None:
+            self._answer(job, outcome)
+        elif job.retries < self._config.max_retries:
+            self._count_invalid(problem)
+            job.retries += 1
+            job.prepared = dataclasses.replace(job.prepared, request=retry_request(
+                job.request, job.retries, self._config.max_tokens_limit))
+            self._enqueue(job, front=True)
+        else:
+            self._count_invalid(problem)
+            self._metrics.schema_failures.inc()
+            self._settle(job, ServiceError(
+                f"The model's answer did not match the requested JSON schema after {job.retries} retries: "
+                f"{problem}.", status=502, code="schema_mismatch"))
+
+    def _answer(self, job: Job, completion: Completion) -> None:
+        completion.retries = job.retries
+        timing = {**completion.extra.get("timing", {}), "queue_ms": round(job.queue_wait_s * 1000, 3),
+                  "total_ms": round((time.monotonic() - job.arrived_s) * 1000, 3)}
+        completion.extra = {**completion.extra, "engine": self.engine.kind, "timing": timing}
+        self._settle(job, completion)
+
+    def _settle(self, job: Job, outcome: Completion | Exception) -> None:
+        self._metrics.retries.inc(job.retries)
+        if job.future.done():                  # timed out and cancelled meanwhile
+            return
+        if isinstance(outcome, Exception):
+            job.future.set_exception(outcome)
+        else:
+            job.future.set_result(outcome)
+
+    def _engine_failed(self, jobs: list[Job], exc: Exception) -> None:
+        if isinstance(exc, ProtocolError):      # the engine refused the request itself (e.g. a schema)
+            self._metrics.engine_calls.inc(len(jobs), outcome="rejected")
+            error: Exception = exc
+        else:
+            log.warning("engine failed: %s", _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+            self._metrics.engine_calls.inc(len(jobs), outcome="error")
+            error = ServiceError(f"The engine failed on this request: {_one_line(exc)}", status=500,
+                                 code="engine_error")
+        for job in jobs:
+            if not job.future.done():
+                self._settle(job, error)
+
+    def _count_completion(self, completion: Completion) -> None:
         self._metrics.engine_calls.inc(outcome="ok")
         self._metrics.prompt_tokens.inc(completion.prompt_tokens)
         self._metrics.completion_tokens.inc(completion.completion_tokens)
-        return completion
+        kv_cache = completion.extra.get("kv_cache")
+        if kv_cache in ("exact", "similar", "miss"):
+            self._metrics.kv_lookups.inc(result=kv_cache)
 
     def _after_call(self) -> None:
+        self._update_cache_metrics()
         try:
             self.engine.after_call()
         except Exception:  # noqa: BLE001 - hygiene failing must not fail the answer
@@ -177,16 +265,21 @@ class ModelService:
         self._metrics.cache_releases.inc()
         self._metrics.cuda_empty_cache.set(engine_stat(self.engine, "num_cuda_empty_cache_calls"))
 
+    def _update_cache_metrics(self) -> None:
+        frame_cache = getattr(self.engine, "frame_cache", None)
+        if frame_cache is not None:
+            self._metrics.kv_bytes.set(frame_cache.num_bytes)
+            self._metrics.kv_entries.set(frame_cache.num_entries)
+            self._metrics.kv_evictions.set(frame_cache.num_evictions)
+
     def _count_invalid(self, problem: str) -> None:
         self._metrics.invalid_outputs.inc()
         log.debug("output rejected: %s", problem)
 
     def _fail_pending(self) -> None:
-        while not self._jobs.empty():
-            job = self._jobs.get_nowait()
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(ServiceError("The worker is shutting down.", status=503,
-                                                      code="shutting_down"))
+        for job in self._queue.drain():
+            if job.retries or job.future.set_running_or_notify_cancel():
+                self._settle(job, ServiceError("The worker is shutting down.", status=503, code="shutting_down"))
 
     def _close_engine(self) -> None:
         if self.state != "failed":

@@ -37,8 +37,7 @@ def run_worker(config: WorkerConfig, stop: threading.Event, load: Callable | Non
     api_key = config.api_key or new_api_key()
     state_path = config.state_file or default_state_file()
     metrics = WorkerMetrics()
-    service = ModelService(lambda progress: load(config, progress), metrics=metrics,
-                           max_retries=config.max_retries, max_tokens_limit=config.max_tokens_limit,
+    service = ModelService(lambda progress: load(config, progress), config, metrics=metrics,
                            on_ready=lambda engine: publish(engine.kind, engine.model_name))
     server = _bind(config, Routes(config, service, metrics), api_key)
 

@@ -5,6 +5,8 @@ The real checkpoint (openbmb/MiniCPM-o-4_5, 9B, ~19 GB) cannot run here. It is r
 at test time as remote code with the same documented interface (tests/fixtures/minicpmo_standin/): config.json
 with model_type "minicpmo" and auto_map, a `MiniCPMO` whose `generate(...)` forwards extra keywords to a real
 tiny random Qwen3 LM's generate (so decoding, sampling and the grammar are real), and a remote processor.
+Like the real code it runs its vision encoder (`vpm`) inside `generate` unless `vision_hidden_states=` is given;
+a forward hook on `vpm` counts the encoder's runs.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import shutil
 
 import jsonschema
 import pytest
+import torch
 
 from inference_worker.engines.loading import MINICPMO_UNLOADED_PREFIXES, checkpoint_weight_bytes, is_minicpmo
 from inference_worker.engines.minicpmo import MiniCPMOEngine, chat_messages
 from inference_worker.engines.transformers_engine import load_transformers_engine
 from inference_worker.protocol import DESKEYE_SCHEMA, Turn, build_messages, parse_chat_request
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
-from tests.fixtures.minicpmo_standin import build_minicpmo_standin
+from tests.fixtures.minicpmo_standin import QUERY_NUM, build_minicpmo_standin
 
 RED, BLUE = png_bytes((220, 30, 30)), png_bytes((30, 30, 220))
 
@@ -35,6 +38,33 @@ def engine(standin_dir):
     engine = load_transformers_engine(str(standin_dir), device="cpu", num_threads=1, progress=False)
     yield engine
     engine.close()
+
+
+@pytest.fixture
+def vision_encoder_runs(engine):
+    """A list that grows by one each time the model's vision encoder runs (a forward hook on `model.vpm`)."""
+    runs = []
+    handle = engine.model.vpm.register_forward_hook(lambda *_: runs.append(1))
+    yield runs
+    handle.remove()
+
+
+@pytest.fixture
+def logits_of_each_call(engine, monkeypatch):
+    """The per-step logits of every generate call (asked of the remote generate with output_logits=True)."""
+    logits, generate = [], engine.model.generate
+
+    def generate_with_logits(**kwargs):
+        texts, outputs = generate(**kwargs, output_logits=True)
+        logits.append(torch.stack(outputs.logits))
+        return texts, outputs
+    monkeypatch.setattr(engine.model, "generate", generate_with_logits)
+    return logits
+
+
+def engine_sharing(engine, **options) -> MiniCPMOEngine:
+    """Another adapter over the same loaded model, with its own (empty) vision cache."""
+    return MiniCPMOEngine(engine.model, engine.processor, model_name=engine.model_name, **options)
 
 
 def test_the_checkpoint_is_dispatched_to_the_adapter_with_vision_only(engine, standin_dir):
@@ -135,3 +165,45 @@ def test_model_code_written_for_another_transformers_gets_a_clear_error(standin_
         "        super().__init__(config)\n        config.attribute_removed_in_transformers_5\n", 1))
     with pytest.raises(ModelLoadError, match="official code targets transformers 4.51.*MiniCPM-V-4.6"):
         load_transformers_engine(str(folder), device="cpu", progress=False)
+
+
+def test_a_new_question_about_the_same_frame_skips_the_vision_encoder_and_answers_as_cold(
+        engine, vision_encoder_runs, logits_of_each_call):
+    first, images = chat_request("What is on this screen?", RED, max_tokens=12)
+    second, _ = chat_request("Which colour is the block?", RED, max_tokens=12)
+    cold = engine_sharing(engine, vision_cache_bytes=0).complete(second, images)
+    cached = engine_sharing(engine)
+
+    assert cached.complete(first, images).extra["kv_cache"] == "miss" and len(vision_encoder_runs) == 2
+    hit = cached.complete(second, images)
+
+    assert hit.extra["kv_cache"] == "exact" and len(vision_encoder_runs) == 2       # the encoder did not run
+    assert cold.extra["kv_cache"] == "off" and hit.text == cold.text and hit.completion_tokens >= 1
+    cold_logits, hit_logits = logits_of_each_call[0], logits_of_each_call[2]
+    assert hit_logits.shape == cold_logits.shape and torch.allclose(hit_logits, cold_logits, rtol=0, atol=1e-5)
+    features_bytes = QUERY_NUM * engine.model.llm.config.hidden_size * engine.model.llm.dtype.itemsize
+    assert cached.frame_cache.num_entries == 1 and cached.frame_cache.num_bytes == features_bytes
+
+
+def test_a_different_frame_misses_and_gets_its_own_answer(engine, vision_encoder_runs):
+    red, red_images = chat_request(image_png=RED, max_tokens=12)
+    blue, blue_images = chat_request(image_png=BLUE, max_tokens=12)
+    cached = engine_sharing(engine)
+    cached.complete(red, red_images)
+
+    answer = cached.complete(blue, blue_images)
+
+    assert answer.extra["kv_cache"] == "miss" and len(vision_encoder_runs) == 2
+    assert answer.text == engine_sharing(engine, vision_cache_bytes=0).complete(blue, blue_images).text
+    assert cached.frame_cache.num_entries == 2
+
+
+def test_with_the_vision_cache_off_the_encoder_runs_for_every_request(engine, vision_encoder_runs):
+    request, images = chat_request(image_png=RED, max_tokens=4)
+    text_only, _ = chat_request(max_tokens=4)
+    uncached = engine_sharing(engine, vision_cache_bytes=0)
+
+    levels = [uncached.complete(request, images).extra["kv_cache"] for _ in range(2)]
+
+    assert levels == ["off", "off"] and len(vision_encoder_runs) == 2 and uncached.frame_cache.num_entries == 0
+    assert engine_sharing(engine).complete(text_only, []).extra["kv_cache"] == "none"

@@ -55,7 +55,10 @@ def test_each_family_loads_and_answers_a_message_with_an_image(family_engine):
 
     assert answer.finish_reason in ("stop", "length") and 1 <= answer.completion_tokens <= 12
     assert answer.text and isinstance(answer.text, str)
-    assert answer.extra == {"constrained": False}
+    assert {k: answer.extra[k] for k in ("constrained", "kv_cache", "batch_size")} == {
+        "constrained": False, "kv_cache": "off", "batch_size": 1}         # this fixture engine keeps no frame KV
+    assert no_image.extra["kv_cache"] == "none"
+    assert set(answer.extra["timing"]) == {"ttft_ms", "decode_ms"}
     # the image became the family's image tokens (16 per 32 px image in these fixtures) in the prompt
     assert answer.prompt_tokens - no_image.prompt_tokens >= 16
 
@@ -140,13 +143,14 @@ def special_token_ids(tokenizer) -> set[int]:
 
 
 def recorded_input_ids(engine, monkeypatch) -> list[list[int]]:
-    """Spy on the model's generate: the prompt ids of each call, then the real generate runs."""
-    calls, generate = [], engine.model.generate
+    """Spy on the engine's prepare: the prompt ids (frame prefix + suffix) of each request it prepares."""
+    calls, prepare = [], engine.prepare
 
-    def spy(**kwargs):
-        calls.append(kwargs["input_ids"][0].tolist())
-        return generate(**kwargs)
-    monkeypatch.setattr(engine.model, "generate", spy)
+    def spy(request, images):
+        prepared = prepare(request, images)
+        calls.append(prepared.inputs.prefix_ids[0].tolist() + prepared.inputs.suffix_ids[0].tolist())
+        return prepared
+    monkeypatch.setattr(engine, "prepare", spy)
     return calls
 
 

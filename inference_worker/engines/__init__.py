@@ -57,4 +57,6 @@ def _load_transformers(config: "WorkerConfig", progress: Callable[[str], None]) 
     progress(f"loading {config.model}")
     return load_transformers_engine(config.model, device=config.device, dtype=config.dtype,
                                     use_grammar=config.use_grammar, num_threads=config.num_threads or None,
+                                    kv_cache_bytes=config.kv_cache_bytes,
+                                    kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None,
                                     progress=sys.stderr.isatty())   # a tqdm bar for people, not for log files

@@ -1,14 +1,28 @@
-"""The contract every engine meets. One thread (the worker's model thread) calls `complete`."""
+"""The contract every engine meets. One thread (the worker's model thread) calls `complete` and `run_batch`;
+`prepare` runs on the worker's preprocessing threads, so it must not call the model."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from inference_worker.protocol import ChatRequest, Completion
 
 if TYPE_CHECKING:
     from PIL.Image import Image
+
+#: run_batch's callback: (index in the batch, the completion or the exception that request ended with)
+OnDone = Callable[[int, "Completion | Exception"], None]
+
+
+@dataclass
+class Prepared:
+    """A request made ready for the model off the model thread. `request` may be replaced between attempts
+    (a retry changes only sampling); `inputs` is the engine's own preprocessed form (None for simple engines)."""
+    request: ChatRequest
+    images: list
+    inputs: Any = None
 
 
 class Engine(ABC):
@@ -18,6 +32,8 @@ class Engine(ABC):
     kind: str = "engine"
     #: torch.cuda.empty_cache() calls this engine has made (the worker's cuda_empty_cache metric); 0 without CUDA
     num_cuda_empty_cache_calls: int = 0
+    #: whether run_batch decodes requests together (else the worker hands it one request at a time)
+    can_batch: bool = False
 
     @abstractmethod
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
@@ -26,6 +42,25 @@ class Engine(ABC):
         With `request.json_schema` set the text must be constrained to that schema where the engine can
         (the service validates it and retries); a hit token limit is reported as finish_reason="length".
         """
+
+    def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
+        """Everything that can happen before the model (processor, tokenizing); runs on a pool thread."""
+        return Prepared(request, images)
+
+    def complete_prepared(self, item: Prepared) -> Completion:
+        """Answer one prepared request; the default `run_batch` calls this for each item in turn."""
+        return self.complete(item.request, item.images)
+
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
+        """Answer every item, calling `on_done` as each ends. This default answers them one by one; an
+        exception for one item is that item's answer."""
+        for index, item in enumerate(items):
+            try:
+                completion = self.complete_prepared(item)
+            except Exception as exc:  # noqa: BLE001 - handed to the service, which answers that request
+                on_done(index, exc)
+            else:
+                on_done(index, completion)
 
     def after_call(self) -> None:
         """Drop per-request state; on CUDA, empty the cache. Runs on the model thread after every call."""

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Sequence
 
-from inference_worker.engines.base import Engine
+from inference_worker.engines.base import Engine, OnDone, Prepared
 from inference_worker.ocr_reader import OcrLine, OcrReader
 from inference_worker.protocol import ChatRequest, Completion, Message
 from inference_worker.screen_concepts import bounded, clean
@@ -78,12 +78,39 @@ class OcrGroundedEngine(Engine):
     def num_cuda_empty_cache_calls(self) -> int:   # the model engine empties the cache in its after_call
         return self.inner.num_cuda_empty_cache_calls
 
+    @property
+    def can_batch(self) -> bool:
+        return self.inner.can_batch
+
+    @property
+    def frame_cache(self):
+        return getattr(self.inner, "frame_cache", None)
+
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
+        answers: list = []
+        self.run_batch([self.prepare(request, images)], lambda index, answer: answers.append(answer))
+        if isinstance(answers[0], Exception):
+            raise answers[0]
+        return answers[0]
+
+    def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
+        """Reads the images (on a preprocessing thread) and prepares the grounded request for the inner engine."""
         lines = [line for image in images for line in self.reader.read(image).lines]
         text = grounding_text(lines, self.max_chars)
-        completion = self.inner.complete(ground_request(request, text), images)
-        completion.extra = {**completion.extra, "ocr_grounding": {"num_lines": len(lines), "num_chars": len(text)}}
-        return completion
+        facts = {"num_lines": len(lines), "num_chars": len(text)}
+        return Prepared(request, images, (self.inner.prepare(ground_request(request, text), images), facts))
+
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
+        """The inner engine answers the grounded requests, with each attempt's sampling (retries change it)."""
+        inner_items = [dataclasses.replace(inner, request=dataclasses.replace(inner.request,
+                                                                              sampling=item.request.sampling))
+                       for item in items for inner, _ in [item.inputs]]
+
+        def done(index: int, outcome) -> None:
+            if isinstance(outcome, Completion):
+                outcome.extra = {**outcome.extra, "ocr_grounding": items[index].inputs[1]}
+            on_done(index, outcome)
+        self.inner.run_batch(inner_items, done)
 
     def after_call(self) -> None:
         self.inner.after_call()

@@ -7,6 +7,11 @@ processor, `<image>./</image>` placeholders), then `model.generate(...)` is call
 keywords (sampling, `max_new_tokens`, `logits_processor`) reach the inner LLM's generate. `chat` itself
 keeps only a fixed set of sampling keywords (a grammar processor would be dropped), defaults to beam
 search when not sampling, and returns no token ids — hence generate.
+
+Vision features are reused at the exact level: the encoder's output for a request's images
+(`vision_hidden_states`, from the model's own `get_vllm_embedding`) is kept in a FrameCache keyed by a hash of
+the preprocessed pixels and the model name, and handed back to `generate(vision_hidden_states=...)`, which then
+skips the vision encoder. The language model still prefills the whole prompt (this engine keeps no prefix KV).
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from transformers import LogitsProcessorList
 
-from inference_worker.engines.base import Engine
+from inference_worker.engines.base import Engine, Prepared
 from inference_worker.engines.sampling import finish_reason, generate_kwargs, seed_generation, trim_at_eos
 from inference_worker.engines.special_tokens import escaper_for
 from inference_worker.engines.transformers_engine import apply_num_threads, grammar_facts, release_cuda_cache
+from inference_worker.kv_cache import FrameCache, content_key, tensor_nbytes
 from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
 
 if TYPE_CHECKING:
@@ -31,6 +37,7 @@ if TYPE_CHECKING:
 
 IMAGE_PLACEHOLDER = "<image>./</image>"   # what chat() puts where an image was
 MAX_INPUT_TOKENS = 8192                   # chat()'s default max_inp_length
+DEFAULT_VISION_CACHE_BYTES = 256 * 1024 * 1024   # ~50 frames of MiniCPM-o 4.5 features (10 slices x 64 x 4096, bf16)
 
 
 def load_minicpmo_parts(path: Path, *, dtype, attn_implementation: str, device, step: Callable[[], None]):
@@ -66,7 +73,7 @@ class MiniCPMOEngine(Engine):
     kind = "minicpmo"
 
     def __init__(self, model: Any, processor: Any, *, model_name: str, use_grammar: bool = True,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, vision_cache_bytes: int = DEFAULT_VISION_CACHE_BYTES):
         self.model = model
         self.processor = processor
         self.tokenizer = processor.tokenizer
@@ -77,6 +84,8 @@ class MiniCPMOEngine(Engine):
         self.grammars: SchemaGrammars | None = None
         #: request text -> text that cannot spell `<image>./</image>`, `<|im_start|>`... (see special_tokens.py)
         self.escape_text = escaper_for(self.tokenizer, processor)
+        #: vision_hidden_states per set of preprocessed images (exact level only; 0 bytes = off)
+        self.frame_cache = FrameCache(vision_cache_bytes, similar_threshold=None)
 
     @classmethod
     def from_loaded(cls, loaded: "LoadedModel", **options: Any) -> "MiniCPMOEngine":
@@ -86,32 +95,65 @@ class MiniCPMOEngine(Engine):
     def device(self) -> torch.device:
         return self.model.device
 
-    def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
-        apply_num_threads(self.num_threads)
+    def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
+        """Template, processor and the frame's vision key, on a preprocessing thread."""
         msgs = chat_messages(request.messages, self.escape_text)
         prompt = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
                                                     enable_thinking=False)
         rgb = [img if img.mode == "RGB" else img.convert("RGB") for img in images]
         inputs = self.processor([prompt], [rgb], return_tensors="pt", max_length=MAX_INPUT_TOKENS)
+        vision_key = self._vision_key(inputs) if rgb and self.frame_cache.is_enabled else None
+        return Prepared(request, images, (inputs, vision_key))
+
+    def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
+        return self.complete_prepared(self.prepare(request, images))
+
+    def complete_prepared(self, item: Prepared) -> Completion:
+        """One request through the model's own generate (this engine answers a batch row by row)."""
+        apply_num_threads(self.num_threads)
+        request, (inputs, vision_key) = item.request, item.inputs
         inputs = inputs.to(self.device)
         inputs.pop("image_sizes", None)
         grammar = self._grammar_processor(request)
         seed_generation(request.sampling)
         with torch.inference_mode():
+            vision_hidden_states, reuse = self._vision_features(inputs, vision_key, has_images=bool(item.images))
             _, outputs = self.model.generate(
-                **inputs, tokenizer=self.tokenizer, stream=False, **generate_kwargs(request.sampling),
+                **inputs, tokenizer=self.tokenizer, stream=False, vision_hidden_states=vision_hidden_states,
+                **generate_kwargs(request.sampling),
                 logits_processor=LogitsProcessorList([grammar] if grammar else []))
         # generate starts from inputs_embeds, so sequences hold only the generated tokens
         token_ids, is_eos = trim_at_eos(outputs.sequences[0].tolist(), self.eos_token_ids)
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return Completion(text=text, finish_reason=finish_reason(is_eos),
                           prompt_tokens=int(inputs["input_ids"].shape[1]), completion_tokens=len(token_ids),
-                          extra=grammar_facts(grammar))
+                          extra={**grammar_facts(grammar), "kv_cache": reuse})
+
+    def _vision_key(self, inputs) -> bytes:
+        """The exact-level key of a request's images: its preprocessed pixels (hashed on the CPU, before they move
+        to the device) and the model."""
+        return content_key(self.model_name, inputs["pixel_values"], inputs["tgt_sizes"])
+
+    def _vision_features(self, inputs, key: bytes | None, *, has_images: bool) -> tuple[Any, str]:
+        """(vision_hidden_states for generate, or None to let it run the vision encoder; how they were reused:
+        "exact" | "miss" | "off" (cache off) | "none" (request without images))."""
+        if not has_images:
+            return None, "none"
+        if key is None:
+            return None, "off"
+        cached = self.frame_cache.lookup(key, key, None).value
+        if cached is not None:
+            return cached, "exact"
+        data = {name: inputs[name] for name in ("input_ids", "pixel_values", "tgt_sizes", "image_bound")}
+        _, vision_hidden_states = self.model.get_vllm_embedding(data)        # runs the vision encoder once
+        self.frame_cache.put(key, key, None, vision_hidden_states, tensor_nbytes(vision_hidden_states))
+        return vision_hidden_states, "miss"
 
     def after_call(self) -> None:
         self.num_cuda_empty_cache_calls += release_cuda_cache()
 
     def close(self) -> None:
+        self.frame_cache.clear()
         self.model = None
         self.grammars = None
         self.num_cuda_empty_cache_calls += release_cuda_cache()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -20,6 +21,42 @@ def generate_kwargs(sampling: SamplingParams) -> dict[str, Any]:
         return {**common, "do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": None}
     return {**common, "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "top_k": sampling.top_k or None}
+
+
+class TokenSampler:
+    """Picks one row's next token from its logits: argmax when greedy, else temperature, top-k and top-p, drawn
+    from the row's own generator (seeded from the request), so a seeded request samples the same tokens
+    whether it runs alone or batched with others."""
+
+    def __init__(self, sampling: SamplingParams, device: torch.device | str = "cpu"):
+        self.sampling = sampling
+        self.generator = None
+        if not sampling.is_greedy:
+            self.generator = torch.Generator(device=device)
+            seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+            self.generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """`logits`: (vocab,) float, already masked (-inf = not allowed)."""
+        if self.generator is None:
+            return int(torch.argmax(logits))
+        scores = logits / self.sampling.temperature
+        if self.sampling.top_k:
+            kth = torch.topk(scores, min(self.sampling.top_k, scores.shape[-1])).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.sampling.top_p < 1.0:
+            scores = _top_p(scores, self.sampling.top_p)
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches top_p (at least one)."""
+    sorted_scores, order = torch.sort(scores, descending=True)
+    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))
 
 
 def seed_generation(sampling: SamplingParams) -> None:

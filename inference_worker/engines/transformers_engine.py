@@ -1,20 +1,19 @@
 """The vision-language model engine for families transformers supports natively (Idefics3, LLaVA,
-MiniCPM-V 4.6, …): chat template + processor + generate, with JSON-schema-constrained decoding.
-
-Everything here runs on the worker's model thread: `complete`, `after_call` and `close`.
+MiniCPM-V 4.6, …): chat template + processor (`prepare`, on a preprocessing thread), then batched decoding
+with frame KV reuse and JSON-schema-constrained output (`run_batch`, on the model thread; batch_decode.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
-from transformers import LogitsProcessorList
 
-from inference_worker.engines.base import Engine
+from inference_worker.engines.base import Engine, OnDone, Prepared
+from inference_worker.engines.batch_decode import (BatchDecoder, FrameKey, PromptInputs, Row, RowResult,
+                                                   can_merge_caches, has_plain_positions)
 from inference_worker.engines.loading import LoadedModel, LoadSpec, load_model
-from inference_worker.engines.sampling import (eos_token_ids, finish_reason, generate_kwargs, seed_generation,
-                                               trim_at_eos)
+from inference_worker.engines.sampling import eos_token_ids, finish_reason, trim_at_eos
 from inference_worker.engines.special_tokens import escaper_for
 from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
 
@@ -26,9 +25,11 @@ if TYPE_CHECKING:
 
 class TransformersEngine(Engine):
     kind = "transformers"
+    can_batch = True
 
     def __init__(self, model: Any, processor: Any, *, model_name: str, use_grammar: bool = True,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, kv_cache_bytes: int = 0, kv_similar_threshold: float | None = None,
+                 keep_logits: bool = False):
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 (or None for torch's default); got {num_threads}.")
         self.model = model
@@ -38,12 +39,14 @@ class TransformersEngine(Engine):
         self.use_grammar = use_grammar
         self.num_threads = num_threads
         self.eos_token_ids = eos_token_ids(model.generation_config, self.tokenizer)
-        self.pad_token_id = self.tokenizer.pad_token_id
-        if self.pad_token_id is None:
-            self.pad_token_id = self.eos_token_ids[0]
+        self.image_token_id = image_token_id(model.config, self.tokenizer, processor)
         self.grammars: SchemaGrammars | None = None
         #: request text -> text the processor and tokenizer read as text only (see special_tokens.py)
         self.escape_text = escaper_for(self.tokenizer, processor)
+        self.frame_cache = _frame_cache(kv_cache_bytes if has_plain_positions(model) else 0, kv_similar_threshold)
+        self.decoder = BatchDecoder(model, eos_token_ids=self.eos_token_ids, frame_cache=self.frame_cache,
+                                    grammars=self._schema_grammars, can_merge=can_merge_caches(model),
+                                    keep_logits=keep_logits)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **options: Any) -> "TransformersEngine":
@@ -55,51 +58,108 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------ the contract
 
-    def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
-        apply_num_threads(self.num_threads)
+    def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
+        """Template, processor and the frame's cache keys; runs on a preprocessing thread."""
         prompt = self.processor.apply_chat_template(template_messages(request.messages, self.escape_text),
                                                     add_generation_prompt=True, tokenize=False)
-        inputs = self._model_inputs(prompt, images)
-        prompt_len = inputs["input_ids"].shape[1]
-        grammar = self._grammar_processor(request)
-        seed_generation(request.sampling)
-        with torch.inference_mode():
-            output = self.model.generate(
-                **inputs, **generate_kwargs(request.sampling), eos_token_id=self.eos_token_ids,
-                pad_token_id=self.pad_token_id, logits_processor=LogitsProcessorList([grammar] if grammar else []))
-        token_ids, is_eos = trim_at_eos(output[0, prompt_len:].tolist(), self.eos_token_ids)
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return Completion(text=text, finish_reason=finish_reason(is_eos), prompt_tokens=prompt_len,
-                          completion_tokens=len(token_ids), extra=grammar_facts(grammar))
+        rgb = [img if img.mode == "RGB" else img.convert("RGB") for img in images]
+        batch = dict(self.processor(text=[prompt], images=[rgb] if rgb else None, return_tensors="pt"))
+        ids = batch.pop("input_ids")
+        batch.pop("attention_mask", None)
+        split = prefix_length(ids[0].tolist(), self.image_token_id)
+        inputs = PromptInputs(ids[:, :split], ids[:, split:], batch, num_images=len(rgb))
+        if rgb and self.frame_cache is not None:
+            inputs.frame = frame_key(self.model_name, inputs, rgb)
+        return Prepared(request, images, inputs)
+
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
+        apply_num_threads(self.num_threads)
+        rows = [Row(self._on_device(item.inputs), item.request.sampling,
+                    item.request.json_schema if self.use_grammar else None) for item in items]
+        self.decoder.run(rows, lambda index, result: on_done(index, self._completion(result)))
+
+    def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
+        answers: list[Completion] = []
+        self.run_batch([self.prepare(request, images)], lambda index, answer: answers.append(answer))
+        return answers[0]
 
     def after_call(self) -> None:
         self.num_cuda_empty_cache_calls += release_cuda_cache()
 
     def close(self) -> None:
-        self.model = None
+        self.model = self.decoder = None
         self.grammars = None
+        if self.frame_cache is not None:
+            self.frame_cache.clear()
         self.num_cuda_empty_cache_calls += release_cuda_cache()
 
     # ------------------------------------------------------------ helpers
 
-    def _model_inputs(self, prompt: str, images: list["Image"]) -> dict[str, torch.Tensor]:
-        rgb = [img if img.mode == "RGB" else img.convert("RGB") for img in images]
-        batch = self.processor(text=[prompt], images=[rgb] if rgb else None, return_tensors="pt")
-        inputs = {}
-        for key, value in batch.items():
-            if torch.is_floating_point(value):
-                value = value.to(self.model.dtype)
-            inputs[key] = value.to(self.device)
-        return inputs
+    def _on_device(self, inputs: PromptInputs) -> PromptInputs:
+        vision = {}
+        for key, value in inputs.vision.items():
+            if torch.is_tensor(value):
+                if torch.is_floating_point(value):
+                    value = value.to(self.model.dtype)
+                value = value.to(self.device)
+            vision[key] = value
+        return PromptInputs(inputs.prefix_ids.to(self.device), inputs.suffix_ids.to(self.device), vision,
+                            inputs.num_images, inputs.frame)
 
-    def _grammar_processor(self, request: ChatRequest):
-        if request.json_schema is None or not self.use_grammar:
-            return None
+    def _completion(self, result: RowResult) -> Completion:
+        token_ids, is_eos = trim_at_eos(result.token_ids, self.eos_token_ids)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        extra: dict[str, Any] = {"constrained": result.is_constrained, "kv_cache": result.kv_cache,
+                                 "batch_size": result.batch_size,
+                                 "timing": {"ttft_ms": round(result.ttft_s * 1000, 3),
+                                            "decode_ms": round(result.decode_s * 1000, 3)}}
+        if result.is_constrained:
+            extra["grammar_ms"] = round(result.grammar_s * 1000, 3)
+        return Completion(text=text, finish_reason=finish_reason(is_eos), prompt_tokens=result.prompt_tokens,
+                          completion_tokens=len(token_ids), extra=extra)
+
+    def _schema_grammars(self) -> "SchemaGrammars":
         if self.grammars is None:
             from inference_worker.grammar import SchemaGrammars
             vocab_size = self.model.get_output_embeddings().weight.shape[0]
             self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
-        return self.grammars.logits_processor(request.json_schema)
+        return self.grammars
+
+
+def image_token_id(config: Any, tokenizer: Any, processor: Any) -> int | None:
+    """The id of the token each image's features replace (config, else the processor's image token)."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    token = getattr(processor, "image_token", None)
+    return tokenizer.convert_tokens_to_ids(token) if isinstance(token, str) else None
+
+
+def prefix_length(ids: list[int], image_token: int | None) -> int:
+    """Where a prompt splits into the frame prefix (through its last image token) and the suffix; 0 without
+    images. The suffix keeps at least one token (the first token's logits come from its last position)."""
+    last = max((i for i, t in enumerate(ids) if t == image_token), default=-1) if image_token is not None else -1
+    return min(last + 1, len(ids) - 1)
+
+
+def frame_key(model_name: str, inputs: PromptInputs, images: list["Image"]) -> FrameKey:
+    """Keys of a prompt's prefix in the FrameCache: the exact key hashes the preprocessed pixels, the prefix
+    token ids and the model; the group key (who may stand in for whom) the same without the pixel values."""
+    from inference_worker.kv_cache import content_key, frame_signature
+
+    tensors = {name: value for name, value in inputs.vision.items() if torch.is_tensor(value)}
+    layout = {name: f"{tuple(value.shape)}{value.dtype}" for name, value in tensors.items()}
+    return FrameKey(exact_key=content_key(model_name, inputs.prefix_ids, tensors),
+                    group_key=content_key(model_name, inputs.prefix_ids, layout),
+                    signature=frame_signature(images))
+
+
+def _frame_cache(max_bytes: int, similar_threshold: float | None):
+    if max_bytes <= 0:
+        return None
+    from inference_worker.kv_cache import FrameCache
+    return FrameCache(max_bytes, similar_threshold)
 
 
 def template_messages(messages: tuple[Message, ...],
@@ -137,7 +197,8 @@ def release_cuda_cache() -> int:
 
 
 def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "auto", use_grammar: bool = True,
-                             num_threads: int | None = None, progress: bool = True) -> Engine:
+                             num_threads: int | None = None, progress: bool = True, kv_cache_bytes: int = 0,
+                             kv_similar_threshold: float | None = None) -> Engine:
     """Load `model` (folder or Hub id) and wrap it in the engine for its family.
 
     Raises ModelLoadError with a user-facing message for anything the user can fix.
@@ -146,5 +207,7 @@ def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "
     loaded = load_model(LoadSpec(model, device, dtype), progress=progress)
     if loaded.family == "minicpmo":
         from inference_worker.engines.minicpmo import MiniCPMOEngine
-        return MiniCPMOEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads)
-    return TransformersEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads)
+        return MiniCPMOEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads,
+                                          vision_cache_bytes=kv_cache_bytes)   # its exact level: vision features
+    return TransformersEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads,
+                                          kv_cache_bytes=kv_cache_bytes, kv_similar_threshold=kv_similar_threshold)

@@ -1,0 +1,178 @@
+"""Dynamic batching on the tiny random Idefics3: rows decoded together give the answers they give alone, each
+row keeps its own sampling, grammar and token limit, a finished row is answered while the others decode, one
+thread calls the model, and preprocessing happens off that thread. Nothing here is timed: batches are made
+deterministic with a long wait window (a full batch starts at once, without waiting for it)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from inference_worker.config import WorkerConfig
+from inference_worker.engines.transformers_engine import load_transformers_engine
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.protocol import build_messages, deskeye_response_format, parse_chat_request
+from inference_worker.service import ModelService
+from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
+from tests.fixtures.worker import running_worker
+
+COLORS = [(220, 30, 30), (30, 160, 60), (30, 30, 220), (200, 200, 30), (30, 200, 200), (200, 30, 200),
+          (120, 60, 10), (10, 60, 120)]
+QUESTIONS = ["What is on this screen?", "Which window has focus?", "List the buttons.", "Any errors shown?",
+             "What is the title?", "Summarise the text.", "What app is this?", "Is there a dialog?"]
+LONG_WINDOW_MS = "3000,3000,3000"      # batches wait for all 8; a full batch starts at once
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_idefics3_dir):
+    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    yield engine
+    engine.close()
+
+
+def mixed_requests():
+    """Rows that differ in everything a row may differ in: image, question, token limit, sampling, schema."""
+    rows = []
+    for i in range(6):
+        request, images = chat_request(QUESTIONS[i], png_bytes(COLORS[i]), deskeye_schema=i % 3 == 0,
+                                       max_tokens=[64, 5, 17, 64, 9, 24][i])
+        if i == 2:
+            request = with_sampling(request, temperature=0.9, top_p=0.9, top_k=50, seed=7)
+        rows.append((request, images))
+    return rows
+
+
+def run_batch(engine, requests) -> dict:
+    answers = {}
+    engine.run_batch([engine.prepare(r, images) for r, images in requests],
+                     lambda index, answer: answers.__setitem__(index, answer))
+    return answers
+
+
+def test_batched_rows_each_equal_their_solo_run(engine):
+    requests = mixed_requests()
+    solo = [engine.complete(request, images) for request, images in requests]
+    batched = run_batch(engine, requests)
+
+    assert sorted(batched) == list(range(len(requests)))
+    for index, alone in enumerate(solo):
+        together = batched[index]
+        assert (together.text, together.finish_reason, together.completion_tokens) == (
+            alone.text, alone.finish_reason, alone.completion_tokens), f"row {index}"
+        assert together.extra["batch_size"] == len(requests) and alone.extra["batch_size"] == 1
+        assert together.extra["constrained"] == (requests[index][0].json_schema is not None)
+    assert [batched[i].completion_tokens for i in (1, 4)] == [5, 9]          # each row's own token limit
+
+
+def test_a_short_row_is_answered_while_longer_rows_still_decode(engine, monkeypatch):
+    calls, forward = [], engine.model.forward
+
+    def counting_forward(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(engine.model, "forward", counting_forward)
+    requests = [chat_request(q, png_bytes(c), max_tokens=n)
+                for q, c, n in zip(QUESTIONS, COLORS, (40, 3, 12))]
+    done = []
+    engine.run_batch([engine.prepare(r, images) for r, images in requests],
+                     lambda index, answer: done.append((index, len(calls), answer.completion_tokens)))
+
+    assert [index for index, _, _ in done] == [1, 2, 0]
+    (_, calls_short, _), (_, calls_mid, _), (_, calls_long, tokens_long) = done
+    assert calls_short < calls_mid < calls_long == len(calls)     # answered while the model kept going
+    decode_rows = [shape[0] for shape in calls if shape[1] == 1]
+    assert decode_rows == sorted(decode_rows, reverse=True) and decode_rows[0] == 3 and decode_rows[-1] == 1
+    assert tokens_long == 40
+
+
+def test_one_thread_calls_the_model_and_preprocessing_runs_off_it(tiny_idefics3_dir):
+    model_threads, prepare_threads = set(), set()
+
+    def load_with_spies(progress):
+        engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+        forward, prepare = engine.model.forward, engine.prepare
+
+        def spy_forward(*args, **kwargs):
+            model_threads.add(threading.current_thread().name)
+            return forward(*args, **kwargs)
+
+        def spy_prepare(request, images):
+            prepare_threads.add(threading.current_thread().name)
+            return prepare(request, images)
+        engine.model.forward, engine.prepare = spy_forward, spy_prepare
+        return engine
+
+    config = WorkerConfig(max_batch_size=8, batch_window_ms=(3000, 3000, 3000), max_retries=0)
+    service = ModelService(load_with_spies, config, metrics=WorkerMetrics())
+    service.start()
+    try:
+        _wait_ready(service)
+        requests = [parse_chat_request({"messages": build_messages(q, png_bytes(c)), "max_tokens": 6})
+                    for q, c in zip(QUESTIONS, COLORS)]
+        with ThreadPoolExecutor(len(requests)) as pool:
+            answers = list(pool.map(lambda r: service.answer(r, timeout_s=120), requests))
+    finally:
+        service.stop()
+    assert all(a.completion_tokens == 6 for a in answers)
+    assert model_threads == {"deskeye-model"}
+    assert prepare_threads and all(name.startswith("deskeye-prepare") for name in prepare_threads)
+    assert {a.extra["batch_size"] for a in answers} == {8}                  # one batch of all eight
+
+
+def _wait_ready(service: ModelService) -> None:
+    ready = threading.Event()
+    while service.state == "loading" and not ready.wait(0.02):
+        pass
+    assert service.state == "ready", service.load_error
+
+
+# ---------------------------------------------------------------- through the worker process
+
+@pytest.fixture(scope="module")
+def batch_worker(tiny_idefics3_dir, tmp_path_factory):
+    """A worker that gathers up to 8 requests (long window) and keeps no frame KV."""
+    args = ["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1",
+            "--max-batch-size", "8", "--batch-window-ms", LONG_WINDOW_MS, "--no-kv-reuse"]
+    with running_worker(args, tmp_path_factory.mktemp("batch_worker")) as handle:
+        yield handle
+
+
+def deskeye_body(question: str, color) -> dict:
+    return {"model": "deskeye", "messages": build_messages(question, png_bytes(color, (320, 200))),
+            "response_format": deskeye_response_format(), "temperature": 0, "max_tokens": 200}
+
+
+def test_eight_requests_sent_together_are_batched_and_each_gets_its_solo_answer(tiny_worker, batch_worker):
+    bodies = [deskeye_body(q, c) for q, c in zip(QUESTIONS, COLORS)]
+    solo = [tiny_worker.request("POST", "/v1/chat/completions", body) for body in bodies]   # one at a time
+    before = batch_worker.metrics()
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        together = list(pool.map(lambda b: batch_worker.request("POST", "/v1/chat/completions", b), bodies))
+    after = batch_worker.metrics()
+
+    assert [status for status, _ in solo + together] == [200] * 16
+    for (_, alone), (_, batched) in zip(solo, together):
+        assert batched["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
+        assert batched["deskeye"]["kv_cache"] == "off"
+    new_batches = after["deskeye_worker_batch_size_count"] - before["deskeye_worker_batch_size_count"]
+    new_single = (after['deskeye_worker_batch_size_bucket{le="1"}']
+                  - before['deskeye_worker_batch_size_bucket{le="1"}'])
+    assert new_batches >= 1 and new_single < new_batches      # batches of more than one request
+    assert after["deskeye_worker_batch_size_sum"] - before["deskeye_worker_batch_size_sum"] >= 8
+    assert max(b["deskeye"]["batch_size"] for _, b in together) == 8      # all eight in the first batch
+    assert after["deskeye_worker_batch_window_seconds"] == 3.0
+
+
+def test_metrics_show_queue_window_load_and_cache(tiny_worker):
+    before = tiny_worker.metrics()
+    status, body = tiny_worker.request("POST", "/v1/chat/completions", deskeye_body("Anything?", (1, 2, 3)))
+    after = tiny_worker.metrics()
+    assert status == 200 and set(body["deskeye"]["timing"]) >= {"queue_ms", "ttft_ms", "decode_ms", "total_ms"}
+    assert after["deskeye_worker_queue_wait_seconds_count"] > before["deskeye_worker_queue_wait_seconds_count"]
+    assert after["deskeye_worker_batch_window_seconds"] in (0.05, 0.15, 0.2)       # the default levels
+    assert 0 <= after["deskeye_worker_load_percent"] <= 100
+    assert after['deskeye_worker_kv_cache_lookups_total{result="miss"}'] >= 1
+    assert after["deskeye_worker_kv_cache_entries"] >= 1 and after["deskeye_worker_kv_cache_bytes"] > 0
+    assert "deskeye_worker_queue_depth" in after

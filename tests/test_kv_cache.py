@@ -1,0 +1,254 @@
+"""The frame cache (inference_worker/kv_cache.py): LRU under a byte bound, freeing on eviction, the exact and
+similar levels on real rendered desktop frames, and sizes of a real transformers DynamicCache."""
+
+from __future__ import annotations
+
+import gc
+import math
+import subprocess
+import sys
+import weakref
+
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
+from inference_worker.kv_cache import FrameCache, content_key, frame_distance, frame_signature, tensor_nbytes
+from tests.fixtures.text_image import font_path
+
+GROUP = b"model+prefix+layout"
+LIGHT = {"desktop": (236, 239, 244), "paper": (255, 255, 255), "ink": (30, 30, 30), "title": (52, 101, 164)}
+MAIL = ["Inbox (3 unread)", "From: Anna Berg   Subject: Quarterly report draft",
+        "From: IT Desk   Subject: Password expires in 5 days", "From: Tom   Subject: Lunch on Friday?",
+        "Meeting at 10:30 with the design team", "Invoice 4471 is due next week"]
+WINDOW = (60, 50, 740, 520)
+
+
+def screen(lines=MAIL, *, title="Mail", theme=LIGHT, window=WINDOW) -> Image.Image:
+    """An 800x600 desktop: a window with a title bar and lines of 15 px text, a taskbar with a clock."""
+    image = Image.new("RGB", (800, 600), theme["desktop"])
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.truetype(font_path(), 15)
+    x0, y0, x1, _ = window
+    draw.rectangle(window, fill=theme["paper"], outline=(180, 180, 180))
+    draw.rectangle((x0, y0, x1, y0 + 28), fill=theme["title"])
+    draw.text((x0 + 10, y0 + 6), title, fill=(255, 255, 255), font=font)
+    for i, line in enumerate(lines):
+        draw.text((x0 + 16, y0 + 44 + i * 24), line, fill=theme["ink"], font=font)
+    draw.rectangle((0, 570, 800, 600), fill=(40, 40, 48))
+    draw.text((720, 577), "10:41", fill=(255, 255, 255), font=font)
+    return image
+
+
+def with_cursor(image: Image.Image, points: list[tuple[int, int]]) -> Image.Image:
+    """The frame with a black cursor drawn: a rectangle from two corners, else a polygon."""
+    copy = image.copy()
+    draw = ImageDraw.Draw(copy)
+    if len(points) == 2:
+        draw.rectangle(points, fill=(0, 0, 0))
+    else:
+        draw.polygon(points, fill=(0, 0, 0))
+    return copy
+
+
+CURSORS = {
+    "2x2 dot (4 px)": [(400, 300), (401, 301)],
+    "I-beam 2x10 (20 px)": [(300, 210), (301, 219)],
+    "small arrow (~15 px)": [(500, 400), (500, 406), (502, 404), (505, 406)],
+}
+DIFFERENT_SCREENS = {
+    "other text lines": lambda: screen(["$ make test", "ok: 12 passed", "$ git status", "nothing to commit"]),
+    "one line changed": lambda: screen(MAIL[:4] + ["Meeting moved to 14:00 in room B"] + MAIL[5:]),
+    "dark theme": lambda: screen(theme={"desktop": (20, 20, 24), "paper": (36, 36, 40), "ink": (220, 220, 220),
+                                        "title": (52, 101, 164)}),
+    "title bar of another colour, same brightness": lambda: screen(theme={**LIGHT, "title": (180, 60, 60)}),
+    "another app's window, same layout": lambda: screen(["def main():", "    return run(sys.argv)"], title="Editor"),
+    "window moved": lambda: screen(window=(80, 60, 760, 530)),
+}
+
+
+@pytest.fixture(scope="module")
+def mail() -> Image.Image:
+    return screen()
+
+
+def similar_cache() -> FrameCache:
+    return FrameCache(max_bytes=10_000, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+
+
+# --- LRU and the byte bound -------------------------------------------------------------------------------------
+
+def test_least_recently_used_entries_go_first_and_the_bound_always_holds():
+    evicted = []
+    cache = FrameCache(max_bytes=100, on_evict=evicted.append)
+    assert cache.put(b"a", GROUP, None, "A", 40) and cache.put(b"b", GROUP, None, "B", 40)
+    assert cache.lookup(b"a", GROUP, None).level == "exact"            # a is now the most recent
+    assert cache.put(b"c", GROUP, None, "C", 40)
+
+    assert evicted == ["B"] and cache.num_evictions == 1
+    assert cache.num_bytes == 80 <= cache.max_bytes and cache.num_entries == 2
+    assert cache.lookup(b"b", GROUP, None).level == "miss"
+    assert [cache.lookup(k, GROUP, None).value for k in (b"a", b"c")] == ["A", "C"]
+    assert cache.put(b"d", GROUP, None, "D", 100)                      # fits only alone: evicts both
+    assert evicted == ["B", "A", "C"]
+    assert cache.num_bytes == 100 and cache.num_entries == 1 and cache.num_evictions == 3
+    assert (cache.num_exact_hits, cache.num_misses) == (3, 1)
+
+
+def test_an_entry_over_the_budget_is_not_stored_and_the_cache_is_unchanged():
+    cache = FrameCache(max_bytes=100)
+    cache.put(b"a", GROUP, None, "small", 60)
+    assert not cache.put(b"big", GROUP, None, "big", 101)
+    assert cache.num_entries == 1 and cache.num_bytes == 60 and cache.num_evictions == 0
+    assert cache.lookup(b"big", GROUP, None).level == "miss"
+
+
+def test_a_zero_budget_turns_the_cache_off():
+    cache = FrameCache(max_bytes=0, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    assert not cache.is_enabled and not cache.put(b"a", GROUP, None, "value", 0)
+    assert cache.lookup(b"a", GROUP, None).level == "miss" and cache.num_entries == 0
+
+
+def test_replacing_an_entry_keeps_one_copy_and_counts_its_new_size():
+    cache = FrameCache(max_bytes=100)
+    cache.put(b"a", GROUP, None, "old", 30)
+    cache.put(b"a", GROUP, None, "new", 50)
+    assert cache.num_entries == 1 and cache.num_bytes == 50 and cache.lookup(b"a", GROUP, None).value == "new"
+
+
+def test_evicted_and_cleared_values_are_freed():
+    import torch
+
+    cache = FrameCache(max_bytes=2 * 4096)
+    first, second = torch.zeros(1024), torch.ones(1024)                    # 4096 bytes each
+    first_ref, second_ref = weakref.ref(first), weakref.ref(second)
+    cache.put(b"first", GROUP, None, {"keys": (first,)}, tensor_nbytes(first))
+    cache.put(b"second", GROUP, None, {"keys": (second,)}, tensor_nbytes(second))
+    del first, second
+    gc.collect()
+    assert first_ref() is not None                                         # the cache holds it
+
+    cache.put(b"third", GROUP, None, {"keys": (torch.zeros(1024),)}, 4096)
+    gc.collect()
+    assert first_ref() is None and second_ref() is not None and cache.num_evictions == 1
+    cache.clear()
+    gc.collect()
+    assert second_ref() is None and cache.num_bytes == 0 and cache.num_entries == 0
+
+
+# --- levels -------------------------------------------------------------------------------------------------------
+
+def test_exact_similar_and_miss(mail):
+    cache = similar_cache()
+    cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)
+
+    exact = cache.lookup(b"mail", GROUP, frame_signature([mail]))
+    similar = cache.lookup(b"mail+cursor", GROUP, frame_signature([with_cursor(mail, CURSORS["I-beam 2x10 (20 px)"])]))
+    miss = cache.lookup(b"editor", GROUP, frame_signature([DIFFERENT_SCREENS["other text lines"]()]))
+
+    assert (exact.level, exact.value, exact.distance) == ("exact", "mail KV", 0.0)
+    assert similar.level == "similar" and similar.value == "mail KV" and 0 < similar.distance
+    assert (miss.level, miss.value) == ("miss", None)
+    assert (cache.num_exact_hits, cache.num_similar_hits, cache.num_misses) == (1, 1, 1)
+
+
+def test_with_the_similar_level_off_a_near_identical_frame_misses(mail):
+    cache = FrameCache(max_bytes=10_000, similar_threshold=None)
+    cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)
+    lookup = cache.lookup(b"mail+cursor", GROUP, frame_signature([with_cursor(mail, CURSORS["2x2 dot (4 px)"])]))
+    assert lookup.level == "miss" and cache.num_similar_hits == 0
+
+
+@pytest.mark.parametrize("cursor", CURSORS)
+def test_the_default_threshold_reuses_a_frame_differing_by_a_few_pixels(mail, cursor):
+    changed = with_cursor(mail, CURSORS[cursor])
+    distance = frame_distance(frame_signature([mail]), frame_signature([changed]))
+    assert 0 < distance <= DEFAULT_KV_SIMILAR_THRESHOLD                   # seen, and within the threshold
+    cache = similar_cache()
+    cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)
+    assert cache.lookup(b"changed", GROUP, frame_signature([changed])).level == "similar"
+
+
+@pytest.mark.parametrize("other", DIFFERENT_SCREENS)
+def test_the_default_threshold_never_reuses_a_different_screen(mail, other):
+    other_screen = DIFFERENT_SCREENS[other]()
+    assert frame_distance(frame_signature([mail]), frame_signature([other_screen])) > DEFAULT_KV_SIMILAR_THRESHOLD
+    cache = similar_cache()
+    cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)
+    assert cache.lookup(b"other", GROUP, frame_signature([other_screen])).level == "miss"
+
+
+def test_frames_of_another_size_or_count_are_never_similar(mail):
+    signature = frame_signature([mail])
+    assert frame_distance(signature, frame_signature([mail.resize((1024, 768))])) == math.inf
+    assert frame_distance(signature, frame_signature([mail, mail])) == math.inf
+    assert frame_distance(frame_signature([mail, mail]), frame_signature([mail, mail])) == 0.0
+
+
+def test_another_group_never_stands_in(mail):
+    cache = similar_cache()
+    cache.put(b"mail", b"other prompt prefix", frame_signature([mail]), "mail KV", 100)
+    assert cache.lookup(b"mail+cursor", GROUP, frame_signature([mail])).level == "miss"
+
+
+def test_the_closest_similar_frame_is_chosen(mail):
+    two_cursors = with_cursor(with_cursor(mail, CURSORS["small arrow (~15 px)"]), CURSORS["2x2 dot (4 px)"])
+    three_cursors = with_cursor(two_cursors, CURSORS["I-beam 2x10 (20 px)"])
+    cache = similar_cache()
+    cache.put(b"two cursors", GROUP, frame_signature([two_cursors]), "two-cursor KV", 100)
+    cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)            # the most recent, but farther
+    lookup = cache.lookup(b"three cursors", GROUP, frame_signature([three_cursors]))
+    assert lookup.level == "similar" and lookup.value == "two-cursor KV"
+    assert 0 < lookup.distance < frame_distance(frame_signature([mail]), frame_signature([three_cursors]))
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="max_bytes"):
+        FrameCache(max_bytes=-1)
+    with pytest.raises(ValueError, match="similar_threshold"):
+        FrameCache(max_bytes=1, similar_threshold=1.5)
+
+
+# --- sizes and keys ----------------------------------------------------------------------------------------------
+
+def test_tensor_nbytes_of_a_real_dynamic_cache(tiny_idefics3_dir):
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor, DynamicCache
+
+    torch.set_num_threads(1)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_idefics3_dir).eval()
+    processor = AutoProcessor.from_pretrained(tiny_idefics3_dir)
+    inputs = processor(text=["<image>What is on this screen?"], images=[[screen()]], return_tensors="pt")
+    with torch.inference_mode():
+        cache = model(**inputs, use_cache=True).cache
+
+    assert isinstance(cache, DynamicCache) and cache.get_seq_length() == inputs["input_ids"].shape[1]
+    expected = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    assert expected > 0 and tensor_nbytes(cache) == expected
+    assert tensor_nbytes({"prefix": cache, "ids": [inputs["input_ids"]]}) == expected + inputs["input_ids"].nbytes
+
+
+def test_tensor_nbytes_counts_each_storage_once_and_in_full():
+    import torch
+
+    base = torch.zeros(100, 10)                                            # 4000 bytes
+    assert tensor_nbytes([base, (base,), {"again": base}]) == 4000
+    assert tensor_nbytes(base[:1]) == 4000                                 # a view keeps its whole base alive
+    assert tensor_nbytes(["text", 3, None]) == 0
+
+
+def test_content_key_tells_tensor_contents_shapes_and_types_apart():
+    import torch
+
+    pixels = torch.rand(3, 8, 8)
+    changed = pixels.clone()
+    changed[0, 0, 0] += 0.5
+    assert content_key(pixels, "model") == content_key(pixels.clone(), "model")
+    assert len({content_key(pixels, "model"), content_key(changed, "model"), content_key(pixels, "other"),
+                content_key(pixels.reshape(3, 64), "model"), content_key(pixels.double(), "model"),
+                content_key("1"), content_key(1), content_key(b"1")}) == 8
+
+
+def test_importing_the_cache_does_not_import_torch():
+    code = "import sys, inference_worker.kv_cache; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
