@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from benchmarks._results import write_result
 
 DEFAULT_JSON_OUT = Path("benchmarks/results/grammar_overhead.json")
 PROMPTS = (
@@ -114,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [asdict(r) for r in rows],
     }
     print(f"median ratio constrained/unconstrained: {result['median_ratio']:.2f}")
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(result, indent=2), encoding="utf-8")
-    print(f"written to {args.json_out}")
+    write_result(args.json_out, result)
     return 0
 
 

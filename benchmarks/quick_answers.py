@@ -12,12 +12,13 @@ includes its 0.2 s sampling window), screen memory. Mail needs an IMAP server an
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+
+from benchmarks._results import write_result
 from zoneinfo import ZoneInfo
 
 DEFAULT_JSON_OUT = Path("benchmarks/results/quick_answers.json")
@@ -98,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'router: train / cached load':<48} {report['router']['train_vs_cached_ratio']:>10.1f}x")
     for name, row in report["providers"].items():
         print(f"{name:<48} {row['median_ms']:>10.2f} {row['max_ms']:>10.2f}")
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    print(f"wrote {args.json_out}")
+    write_result(args.json_out, report)
     return 0
 
 

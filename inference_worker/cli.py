@@ -35,7 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "requires 'Authorization: Bearer KEY' (except /health), and writes its URL and key to a "
                     "state file readable only by you.",
     )
-    g = p.add_argument_group("engine")
+    _add_engine_options(p.add_argument_group("engine"))
+    _add_server_options(p.add_argument_group("server"))
+    _add_batching_options(p.add_argument_group("batching (concurrent requests are decoded together)"))
+    _add_kv_reuse_options(p.add_argument_group(
+        "frame KV reuse (a new question about a frame already seen skips its prefill)"))
+    _add_limits_options(p.add_argument_group("request limits (a request over a limit gets HTTP 400 or 413 naming it)"))
+    p.add_argument("--verbose", action="store_true",
+                   help="log every request and rejected output, and show tracebacks of engine errors")
+    return p
+
+
+def _add_engine_options(g) -> None:
     g.add_argument("--engine", choices=ENGINES, default="auto",
                    help="auto (default) = transformers when --model is given (OCR, with a warning, if it cannot "
                         "load), else ocr; ocr = RapidOCR on the CPU, no model weights; transformers = the "
@@ -61,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "twice the tokens, then greedy; after that the request gets HTTP 502 "
                         "(default: %(default)s)")
 
-    g = p.add_argument_group("server")
+
+def _add_server_options(g) -> None:
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: %(default)s); keep the loopback address unless other "
                         "machines must reach it")
@@ -77,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a request that waits longer than this for the model is answered 504 "
                         "(default: %(default)s)")
 
-    g = p.add_argument_group("batching (concurrent requests are decoded together)")
+
+def _add_batching_options(g) -> None:
     g.add_argument("--max-batch-size", type=int, default=8, metavar="N",
                    help="most requests decoded in one batch; a full batch starts at once; 1 = one request at "
                         "a time (default: %(default)s)")
@@ -92,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads that decode images and run the processor while the model generates "
                         "(default: %(default)s)")
 
-    g = p.add_argument_group("frame KV reuse (a new question about a frame already seen skips its prefill)")
+
+def _add_kv_reuse_options(g) -> None:
     g.add_argument("--kv-cache-mb", type=int, default=DEFAULT_KV_CACHE_MB, metavar="MB",
                    help="memory for kept prefix KV, least recently used dropped first (default: %(default)s)")
     g.add_argument("--no-kv-reuse", dest="kv_reuse", action="store_false",
@@ -104,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest share of a frame's 64x48 cells that may differ for a similar hit "
                         "(default: %(default)s, about 6 cells: a cursor, a ticking clock, one changed word)")
 
-    g = p.add_argument_group("request limits (a request over a limit gets HTTP 400 or 413 naming it)")
+
+def _add_limits_options(g) -> None:
     g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help="largest request body accepted, in bytes (default: %(default)s = 32 MiB)")
     g.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS, metavar="N",
@@ -114,10 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest max_tokens a request may ask for; also caps retries (default: %(default)s)")
     g.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES, metavar="N",
                    help="most images in one request (default: %(default)s)")
-
-    p.add_argument("--verbose", action="store_true",
-                   help="log every request and rejected output, and show tracebacks of engine errors")
-    return p
 
 
 def _numbers(count: int):

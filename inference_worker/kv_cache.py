@@ -13,6 +13,7 @@ computed. An evicted value is dropped, so nothing here keeps its tensors alive.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import threading
 from collections import OrderedDict
@@ -33,6 +34,9 @@ SUBCELLS = 4                       # each cell is compared as 4x4 sub-cells of a
 #: HD as 2 cells (under the default threshold's 6) and a same-brightness colour change as 0 cells; 4x4 RGB
 #: sub-cells see 15 and 120.
 CELL_TOLERANCE = 16
+#: the similar level compares a frame with this many most recently stored frames of its group (~0.3 ms each, on
+#: the model thread): the frame it resembles is the screen of moments ago, and a full cache holds thousands
+MAX_SIMILAR_CANDIDATES = 32
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,11 +181,17 @@ class FrameCache:
     def num_entries(self) -> int:
         return len(self._entries)
 
-    def lookup(self, exact_key: bytes, group_key: bytes, signature: FrameSignature | None) -> Lookup:
+    def lookup(self, exact_key: bytes, group_key: bytes, signature: FrameSignature | None,
+               nearest: tuple[bytes, float] | None = None) -> Lookup:
         """The entry for `exact_key`, else (similar level on) the closest frame of `group_key` within the
-        threshold, else a miss. A hit becomes the most recently used entry."""
+        threshold, else a miss. A hit becomes the most recently used entry. `nearest` is `self.nearest(...)`
+        computed earlier off the model thread: it is used, if still kept, instead of searching here."""
         with self._lock:
-            found = self._find(exact_key, group_key, signature)
+            if nearest is not None and nearest[0] not in self._entries:
+                nearest = None
+            found = (exact_key, 0.0) if exact_key in self._entries else nearest
+            if found is None and nearest is None:
+                found = self._closest(self._candidates(group_key, signature), signature)
             if found is None:
                 self.num_misses += 1
                 return Lookup(None, "miss")
@@ -192,6 +202,28 @@ class FrameCache:
                 return Lookup(self._entries[key].value, "exact", 0.0)
             self.num_similar_hits += 1
             return Lookup(self._entries[key].value, "similar", distance)
+
+    def nearest(self, group_key: bytes, signature: FrameSignature | None) -> tuple[bytes, float] | None:
+        """(key, distance) of the closest kept frame of `group_key` within the similar threshold, or None. Thread
+        safe, and the comparing happens outside the lock: call it while preparing a request, pass it to lookup."""
+        with self._lock:
+            candidates = self._candidates(group_key, signature)
+        return self._closest(candidates, signature)
+
+    def _candidates(self, group_key: bytes, signature: FrameSignature | None) -> list[tuple[bytes, FrameSignature]]:
+        """The group's most recently stored frames (caller holds the lock)."""
+        if self.similar_threshold is None or signature is None:
+            return []
+        recent = itertools.islice(reversed(self._groups.get(group_key, {})), MAX_SIMILAR_CANDIDATES)
+        return [(key, self._entries[key].signature) for key in recent if self._entries[key].signature is not None]
+
+    def _closest(self, candidates: list[tuple[bytes, FrameSignature]],
+                 signature: FrameSignature | None) -> tuple[bytes, float] | None:
+        if not candidates:
+            return None
+        distance, key = min(((frame_distance(signature, other), key) for key, other in candidates),
+                            key=lambda pair: pair[0])
+        return (key, distance) if distance <= self.similar_threshold else None
 
     def put(self, exact_key: bytes, group_key: bytes, signature: FrameSignature | None, value: Any,
             num_bytes: int) -> bool:
@@ -216,17 +248,6 @@ class FrameCache:
             self._entries.clear()
             self._groups.clear()
             self.num_bytes = 0
-
-    def _find(self, exact_key: bytes, group_key: bytes,
-              signature: FrameSignature | None) -> tuple[bytes, float] | None:
-        if exact_key in self._entries:
-            return exact_key, 0.0
-        if self.similar_threshold is None or signature is None:
-            return None
-        distances = ((frame_distance(signature, self._entries[key].signature), key)
-                     for key in self._groups.get(group_key, ()) if self._entries[key].signature is not None)
-        distance, key = min(distances, default=(math.inf, b""), key=lambda pair: pair[0])
-        return (key, distance) if distance <= self.similar_threshold else None
 
     def _remove(self, exact_key: bytes) -> _Entry | None:
         entry = self._entries.pop(exact_key, None)

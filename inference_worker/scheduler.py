@@ -125,14 +125,27 @@ class LoadSignals:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._batches: deque[tuple[float, float]] = deque()    # (start_s, end_s), oldest first
+        self._arrivals: deque[tuple[float, int]] = deque()     # (time_s, in flight after that arrival)
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
     def request_started(self) -> None:
+        now_s = self._clock()
         with self._lock:
             self._in_flight += 1
+            self._arrivals.append((now_s, self._in_flight))
+            while self._arrivals and self._arrivals[0][0] <= now_s - self.horizon_s:
+                self._arrivals.popleft()
+
+    def recent_peak_in_flight(self, now_s: float | None = None) -> int:
+        """The most requests in flight at once during the last `horizon_s` (at least those in flight now):
+        how many clients are sending concurrently, so how big a batch can be expected."""
+        since_s = (self._clock() if now_s is None else now_s) - self.horizon_s
+        with self._lock:
+            recent = (count for time_s, count in self._arrivals if time_s > since_s)
+            return max(self._in_flight, max(recent, default=0))
 
     def request_finished(self) -> None:
         with self._lock:
@@ -209,6 +222,7 @@ class BatchQueue:
         self._clock = clock
         self._cond = threading.Condition()
         self._entries: deque[tuple[float, Any]] = deque()    # (enqueued_s, item)
+        self._expected_size: Callable[[], int] | None = None
 
     def __len__(self) -> int:
         with self._cond:
@@ -221,10 +235,14 @@ class BatchQueue:
             self._entries.appendleft(entry) if front else self._entries.append(entry)
             self._cond.notify_all()
 
-    def take(self, window_s: Callable[[], float], stop: threading.Event, poll_s: float = 0.2) -> Batch | None:
-        """The next batch: waits for an item, then until the oldest item has waited `window_s()` or a batch is
-        full. None once `stop` is set (noticed within `poll_s`); queued items then stay for `drain()`.
-        `window_s` is called once per batch, without the queue's lock held (it may read NVML)."""
+    def take(self, window_s: Callable[[], float], stop: threading.Event, poll_s: float = 0.2,
+             expected_size: Callable[[], int] | None = None) -> Batch | None:
+        """The next batch: waits for an item, then until the oldest item has waited `window_s()` or the batch is
+        full: `max_batch_size` items, or `expected_size()` when that is smaller (every request the caller knows
+        of is here: waiting longer would only delay them). None once `stop` is set (noticed within `poll_s`);
+        queued items then stay for `drain()`. `window_s` is called once per batch, without the queue's lock
+        held (it may read NVML); `expected_size` while it is held, so it must be quick and lock-free of us."""
+        self._expected_size = expected_size
         while self._wait(lambda: bool(self._entries), stop, poll_s):
             window = max(0.0, float(window_s()))
             with self._cond:
@@ -254,7 +272,10 @@ class BatchQueue:
             return not stop.is_set()
 
     def _is_batch_ready(self, deadline_s: float) -> bool:
-        return len(self._entries) >= self.max_batch_size or self._clock() >= deadline_s
+        full_size = self.max_batch_size
+        if self._expected_size is not None:
+            full_size = max(1, min(full_size, self._expected_size()))
+        return len(self._entries) >= full_size or self._clock() >= deadline_s
 
     def _pop_batch(self, window: float) -> Batch:
         now_s = self._clock()

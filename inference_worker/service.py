@@ -137,7 +137,8 @@ class ModelService:
             if not self._load_engine():
                 return
             while not self._stop.is_set():
-                batch = self._queue.take(self._window_s, self._stop, POLL_INTERVAL_S)
+                batch = self._queue.take(self._window_s, self._stop, POLL_INTERVAL_S,
+                                         expected_size=self._signals.recent_peak_in_flight)
                 if batch is not None:
                     self._run_batch(batch)
         finally:

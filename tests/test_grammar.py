@@ -1,17 +1,21 @@
 """Grammar-constrained decoding (llguidance) on a tiny random Idefics3: a random model's output is valid
-JSON of DeskEye's schema with the grammar, and is not without it."""
+JSON of DeskEye's schema with the grammar, and is not without it; and GrammarBatch, the batched decode loop's
+grammar, driven step by step against a reference mask computed the slow, obvious way."""
 
 from __future__ import annotations
 
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
-from inference_worker.grammar import GrammarError, SchemaGrammars, unpack_bitmask
+from inference_worker.grammar import (WORD_FILL_MIN_VOCAB, GrammarBatch, GrammarError, GrammarLogitsProcessor,
+                                     SchemaGrammars)
 from inference_worker.engines.transformers_engine import load_transformers_engine
 from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError
+from inference_worker.token_mask import fill_banned_words, unpack_bitmask
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 
 SCREEN = png_bytes((40, 160, 90))
@@ -143,3 +147,288 @@ def test_unpack_bitmask_reads_bit_31_and_pads_past_the_mask():
     allowed = unpack_bitmask(bitmask, 70)
     assert allowed.shape == (1, 70)
     assert allowed[0].nonzero().flatten().tolist() == [0, 5, 31, 33]
+
+
+# ---------------------------------------------------------------- GrammarBatch: the decode loop's grammar
+
+MAX_DECODE_STEPS = 1000
+STRING_SCHEMA = {"type": "string", "pattern": "^[a-z ]{1,12}$"}
+ARRAY_SCHEMA = {"type": "array", "items": {"type": "integer"}, "maxItems": 3}
+
+
+@pytest.fixture(scope="module")
+def grammars(constrained):
+    """Grammars for the fixture's tokenizer and its padded lm_head (wider than the tokenizer, like Qwen's)."""
+    lm_head_size = constrained.model.get_output_embeddings().weight.shape[0]
+    grammars = SchemaGrammars(constrained.tokenizer, vocab_size=lm_head_size, eos_token_ids=constrained.eos_token_ids)
+    yield grammars
+    grammars.close()                                          # the prefetch thread
+
+
+def test_the_allowed_words_ban_exactly_the_special_tokens_but_eos(constrained, grammars):
+    allowed = unpack_bitmask(torch.from_numpy(grammars.allowed_words[None, :]), grammars.vocab_size)[0]
+    banned = set((~allowed).nonzero().flatten().tolist())
+    assert banned == set(grammars.banned_token_ids)
+    tokenizer = constrained.tokenizer
+    markers = ["<image>", "<row_1_col_1>", "<fake_token_around_image>", tokenizer.bos_token, tokenizer.pad_token]
+    assert set(tokenizer.convert_tokens_to_ids(markers)) <= banned
+    assert not banned & set(tokenizer.encode('{"summary": "a"}', add_special_tokens=False))
+    assert grammars.eos_token_ids[0] not in banned
+    eos_only = unpack_bitmask(torch.from_numpy(grammars.eos_only_words[None, :]), grammars.vocab_size)[0]
+    assert eos_only.nonzero().flatten().tolist() == grammars.eos_token_ids[:1]
+
+
+def reference_allowed(matcher, grammars: SchemaGrammars) -> set[int]:
+    """What the first GrammarLogitsProcessor allowed, computed the slow, obvious way: the matcher's own bitmask
+    read bit by bit, minus the special tokens; only the first EOS once the matcher has stopped."""
+    eos = grammars.eos_token_ids[0]
+    if matcher.is_stopped() or matcher.is_error():
+        return {eos}
+    bits = matcher.compute_bitmask()
+    allowed = {8 * i + bit for i, byte in enumerate(bits) if byte for bit in range(8) if byte >> bit & 1}
+    return allowed - set(grammars.banned_token_ids)
+
+
+def finite_ids(logits_row: torch.Tensor) -> set[int]:
+    return set(torch.isfinite(logits_row).nonzero().flatten().tolist())
+
+
+def greedy_decode(batch: GrammarBatch, schemas, *, vocab_size: int, eos: int, seed: int, on_step=None,
+                  lazy: bool = False):
+    """Greedy decode of random logits through `batch`, as the batched decode loop drives it: a constrained row
+    leaves the step's rows once it samples EOS; unconstrained rows run until every constrained row is done.
+    `lazy`: apply is told every row is greedy. `on_step(rows, raw_logits, masked_logits)` sees every step.
+    Returns each row's sampled tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    live = list(range(len(schemas)))
+    tokens: dict[int, list[int]] = {row: [] for row in live}
+    for _ in range(MAX_DECODE_STEPS):
+        if all(schemas[row] is None for row in live):
+            return tokens
+        raw = torch.randn(len(live), vocab_size, generator=generator)
+        logits = raw.clone()
+        batch.apply(logits, live, greedy=[True] * len(live) if lazy else None)
+        if on_step is not None:
+            on_step(live, raw, logits)
+        sampled = logits.argmax(-1)
+        batch.advance(live, sampled)
+        for row, token in zip(live, sampled.tolist()):
+            tokens[row].append(token)
+        live = [row for row, token in zip(live, sampled.tolist()) if schemas[row] is None or token != eos]
+    raise AssertionError(f"the constrained rows did not finish in {MAX_DECODE_STEPS} steps")
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["inline", "prefetch"])
+def test_a_grammar_batch_decodes_constrained_rows_to_valid_json_and_leaves_free_rows_alone(constrained, grammars,
+                                                                                         prefetch):
+    tokenizer, eos = constrained.tokenizer, grammars.eos_token_ids[0]
+    specials = set(grammars.banned_token_ids)
+    assert specials and eos not in specials
+    schemas = [DESKEYE_SCHEMA, None, DESKEYE_SCHEMA, DESKEYE_SCHEMA, None]
+    batch = grammars.batch(schemas, prefetch=prefetch)
+    num_eos_only_steps = []
+
+    def check(rows, raw, masked):
+        for position, row in enumerate(rows):
+            if schemas[row] is None:
+                assert torch.equal(masked[position], raw[position])        # bit for bit, nothing banned
+                continue
+            allowed = finite_ids(masked[position])
+            assert allowed and not allowed & specials
+            assert max(allowed) < len(tokenizer)                         # never the lm_head's padding
+            if batch.matchers[row].is_stopped():
+                assert allowed == {eos}                                   # complete: only EOS
+                num_eos_only_steps.append(row)
+
+    tokens = greedy_decode(batch, schemas, vocab_size=grammars.vocab_size, eos=eos, seed=11, on_step=check)
+    for row in (0, 2, 3):
+        assert tokens[row][-1] == eos and eos not in tokens[row][:-1]
+        assert is_valid(tokenizer.decode(tokens[row][:-1])), tokenizer.decode(tokens[row])
+        assert batch.is_accepting(row)
+    assert sorted(num_eos_only_steps) == [0, 2, 3]                       # each row ended at its first chance
+    assert len({tuple(tokens[row]) for row in (0, 2, 3)}) == 3            # rows have their own states
+    assert not is_valid(tokenizer.decode(tokens[1])) and batch.is_accepting(1)
+    assert batch.errors == [] and batch.elapsed_s > 0
+    assert (batch.num_prefetched > 100) == prefetch and (batch.num_prefetched == 0) == (not prefetch)
+    assert batch.elapsed_s_for(1) == 0 and batch.elapsed_s_for(0) > 0
+    assert sum(batch.elapsed_s_for(row) for row in range(len(schemas))) == pytest.approx(batch.elapsed_s)
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["inline", "prefetch"])
+def test_grammar_batch_masks_equal_the_reference_masks_step_by_step(grammars, prefetch):
+    """Every step of a batch of 8 (rows leaving as they finish), each row's allowed set equals the reference
+    (the first processor's rule) for a fresh matcher fed the same tokens."""
+    schemas = [DESKEYE_SCHEMA, STRING_SCHEMA, ARRAY_SCHEMA, None, DESKEYE_SCHEMA, STRING_SCHEMA, None, ARRAY_SCHEMA]
+    references = [None if s is None else grammars.matcher(s) for s in schemas]
+    num_compared = []
+
+    def compare(rows, raw, masked):
+        for row, line in zip(rows, masked):
+            if references[row] is not None:
+                assert finite_ids(line) == reference_allowed(references[row], grammars)
+                references[row].consume_token(int(line.argmax()))      # the token the decode samples
+                num_compared.append(row)
+
+    greedy_decode(grammars.batch(schemas, prefetch=prefetch), schemas, vocab_size=grammars.vocab_size,
+                  eos=grammars.eos_token_ids[0], seed=5, on_step=compare)
+    assert all(r is None or r.is_stopped() for r in references)
+    assert len(num_compared) > 50 and set(num_compared) == {0, 1, 2, 4, 5, 7}
+
+
+def test_the_generate_adapter_masks_like_the_reference(constrained, grammars):
+    schemas = [DESKEYE_SCHEMA, STRING_SCHEMA]
+    processor = GrammarLogitsProcessor(grammars.batch(schemas))
+    references = [grammars.matcher(s) for s in schemas]
+    generated = torch.empty(2, 0, dtype=torch.long)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(40):
+        raw = torch.randn(2, grammars.vocab_size, generator=generator)
+        scores = processor(generated, raw)
+        assert torch.isfinite(raw).all()                                 # out of place: generate keeps raw logits
+        for row in range(2):
+            assert finite_ids(scores[row]) == reference_allowed(references[row], grammars)
+        sampled = scores.argmax(-1)
+        for row, token in enumerate(sampled.tolist()):
+            if not references[row].is_stopped():
+                references[row].consume_token(token)
+        generated = torch.cat([generated, sampled[:, None]], dim=1)
+    assert processor.is_complete(1) and processor.errors == []
+
+
+def test_apply_with_a_subset_of_rows_masks_each_line_for_its_row(grammars):
+    width = grammars.vocab_size
+    schemas = [STRING_SCHEMA, DESKEYE_SCHEMA, None, ARRAY_SCHEMA]
+    batch = grammars.batch(schemas)
+    references = [None if s is None else grammars.matcher(s) for s in schemas]
+
+    def expect(rows):
+        logits = torch.zeros(len(rows), width)
+        batch.apply(logits, rows)
+        for position, row in enumerate(rows):
+            if references[row] is None:
+                assert torch.equal(logits[position], torch.zeros(width))
+            else:
+                assert finite_ids(logits[position]) == reference_allowed(references[row], grammars)
+        return logits
+
+    first = expect([0, 1, 2, 3])
+    assert len({frozenset(finite_ids(line)) for line in first[[0, 1, 3]]}) == 3   # three different masks
+    tokens = [min(finite_ids(line)) if schemas[row] else 5 for row, line in enumerate(first)]
+    batch.advance([0, 1, 2, 3], tokens)
+    for row, token in enumerate(tokens):
+        if references[row] is not None:
+            assert references[row].consume_token(token)
+    expect([0, 2, 3])                   # row 1 finished and left the batch
+    expect([3, 0])                      # any order: line j is rows[j]
+    expect([2])                         # only an unconstrained row: nothing to mask
+    batch.advance([3], [min(reference_allowed(references[3], grammars))])
+    references[3].consume_token(min(reference_allowed(references[3], grammars)))
+    expect([0, 3, 1])                   # row 1 again, after row 3 moved on alone
+
+
+def test_a_refused_token_is_an_error_and_the_row_can_only_end(grammars):
+    batch = grammars.batch([STRING_SCHEMA])
+    logits = torch.zeros(1, grammars.vocab_size)
+    batch.apply(logits, [0])
+    refused = int(torch.isinf(logits[0]).nonzero()[0])
+    batch.advance([0], torch.tensor([refused]))
+    logits = torch.zeros(1, grammars.vocab_size)
+    batch.apply(logits, [0])
+    assert finite_ids(logits[0]) == {grammars.eos_token_ids[0]}
+    assert len(batch.errors) == 1 and batch.errors[0].startswith("row 0: ")
+    with pytest.raises(ValueError, match="2 tokens for 1 rows"):
+        batch.advance([0], [1, 2])
+
+
+def test_logits_wider_than_the_vocab_are_banned_in_constrained_rows_only(grammars):
+    batch = grammars.batch([STRING_SCHEMA, None])
+    logits = torch.zeros(2, grammars.vocab_size + 40)
+    batch.apply(logits, [0, 1])
+    assert torch.isinf(logits[0, grammars.vocab_size:]).all() and finite_ids(logits[0])
+    assert torch.equal(logits[1], torch.zeros(grammars.vocab_size + 40))
+
+
+def test_lazy_greedy_rows_pick_the_full_masks_argmax_and_skip_masks_for_accepted_argmaxes(grammars):
+    """Two batches in lockstep on the same logits and tokens: one masks every row, the other is told which rows
+    are greedy. Greedy rows must pick the same token; sampled rows must get the very same mask."""
+    schemas = [DESKEYE_SCHEMA, STRING_SCHEMA, None, DESKEYE_SCHEMA, ARRAY_SCHEMA]
+    greedy = [True, True, True, False, True]
+    full, lazy = grammars.batch(schemas), grammars.batch(schemas)
+    generator = torch.Generator().manual_seed(9)
+    live, num_unmasked, num_masked, num_refused = list(range(len(schemas))), 0, 0, 0
+    while any(schemas[row] is not None for row in live):
+        raw = torch.randn(len(live), grammars.vocab_size, generator=generator)
+        masked, lazily = raw.clone(), raw.clone()
+        assert full.apply(masked, live) is None
+        picked = lazy.apply(lazily, live, greedy=[greedy[row] for row in live])
+        tokens = masked.argmax(-1).tolist()
+        for line, row in enumerate(live):
+            if not greedy[row]:
+                assert torch.equal(lazily[line], masked[line])
+            else:                                      # returned: the masked argmax, masked or not
+                assert picked[line] == tokens[line]
+            if greedy[row] and schemas[row] is not None:
+                is_unmasked = torch.equal(lazily[line], raw[line])
+                num_unmasked, num_masked = num_unmasked + is_unmasked, num_masked + (not is_unmasked)
+                num_refused += picked[line] != raw[line].argmax().item()
+        full.advance(live, tokens)
+        lazy.advance(live, tokens)
+        live = [row for row, token in zip(live, tokens) if schemas[row] is None or token != grammars.eos_token_ids[0]]
+    assert num_unmasked > 10 and num_masked > 10        # random logits: the argmax is often refused, often not
+    assert num_refused > num_masked                      # ... and then often a next-best token is allowed
+    assert all(lazy.is_accepting(row) for row in range(len(schemas)))
+
+
+def test_accepts_checks_a_token_without_a_mask(constrained, grammars):
+    tokenizer, eos = constrained.tokenizer, grammars.eos_token_ids[0]
+    batch = grammars.batch([STRING_SCHEMA, None])
+    quote, letter = tokenizer.convert_tokens_to_ids('"'), tokenizer.convert_tokens_to_ids("a")
+    assert batch.accepts(0, quote) and not batch.accepts(0, letter) and not batch.accepts(0, eos)
+    assert batch.accepts(1, letter) and batch.accepts(1, grammars.banned_token_ids[0])     # unconstrained
+    batch.advance([0], tokenizer.encode('"ab"', add_special_tokens=False)[:1])
+    for token in tokenizer.encode('ab"', add_special_tokens=False):
+        assert batch.accepts(0, token)
+        batch.advance([0], [token])
+    assert batch.accepts(0, eos) and not batch.accepts(0, letter)
+    assert not batch.accepts(0, grammars.banned_token_ids[0])
+
+
+def test_wide_cpu_logits_are_masked_a_word_at_a_time_like_the_reference(constrained):
+    """An lm_head of WORD_FILL_MIN_VOCAB (the fixture's tokenizer, padded): apply takes fill_banned_words."""
+    wide = SchemaGrammars(constrained.tokenizer, vocab_size=WORD_FILL_MIN_VOCAB,
+                          eos_token_ids=constrained.eos_token_ids)
+    assert wide.vocab_size % 32 == 0
+    schemas = [STRING_SCHEMA, None, DESKEYE_SCHEMA]
+    references = [None if s is None else wide.matcher(s) for s in schemas]
+
+    def compare(rows, raw, masked):
+        for row, raw_line, line in zip(rows, raw, masked):
+            if references[row] is None:
+                assert torch.equal(line, raw_line)
+            else:
+                assert finite_ids(line) == reference_allowed(references[row], wide)
+                references[row].consume_token(int(line.argmax()))
+
+    greedy_decode(wide.batch(schemas), schemas, vocab_size=wide.vocab_size, eos=wide.eos_token_ids[0], seed=2,
+                  on_step=compare)
+    assert all(r is None or r.is_stopped() for r in references)
+
+
+def test_fill_banned_words_bans_exactly_the_set_bits():
+    banned_words = np.array([[0, -1, -(1 << 31) | 1], [-(1 << 31), 0, 6]], dtype=np.int32)   # bit 31: sign
+    logits = torch.arange(2 * 96, dtype=torch.float32).reshape(2, 96)
+    fill_banned_words(logits, banned_words)
+    assert torch.isinf(logits[0]).nonzero().flatten().tolist() == [*range(32, 64), 64, 95]
+    assert torch.isinf(logits[1]).nonzero().flatten().tolist() == [31, 65, 66]
+    assert logits[1, 0] == 96 and logits[0, 65] == 65                      # the rest untouched
+
+
+def test_apply_masks_a_forwards_inference_tensor_in_or_out_of_inference_mode(grammars):
+    batch = grammars.batch([STRING_SCHEMA])
+    with torch.inference_mode():
+        logits = torch.zeros(1, grammars.vocab_size)
+        batch.apply(logits, [0])
+        inside = finite_ids(logits[0])
+        logits = torch.zeros(1, grammars.vocab_size)
+    batch.apply(logits, [0])                      # the decode loop may mask outside inference_mode
+    assert finite_ids(logits[0]) == inside == reference_allowed(grammars.matcher(STRING_SCHEMA), grammars)

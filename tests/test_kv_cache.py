@@ -152,6 +152,34 @@ def test_exact_similar_and_miss(mail):
     assert (cache.num_exact_hits, cache.num_similar_hits, cache.num_misses) == (1, 1, 1)
 
 
+def test_nearest_found_while_preparing_is_used_by_the_lookup_if_still_kept(mail):
+    """The similar search runs off the model thread (`nearest`); the lookup then only checks the entry is kept."""
+    cache = FrameCache(max_bytes=250, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)
+    nudged = frame_signature([with_cursor(mail, CURSORS["I-beam 2x10 (20 px)"])])
+    nearest = cache.nearest(GROUP, nudged)
+    assert nearest is not None and nearest[0] == b"mail" and 0 < nearest[1] <= DEFAULT_KV_SIMILAR_THRESHOLD
+    assert cache.nearest(GROUP, frame_signature([DIFFERENT_SCREENS["other text lines"]()])) is None
+
+    found = cache.lookup(b"mail+cursor", GROUP, None, nearest)          # no signature: no search here
+    assert (found.level, found.value, found.distance) == ("similar", "mail KV", nearest[1])
+    cache.put(b"a", GROUP, None, "a", 100)
+    cache.put(b"b", GROUP, None, "b", 100)                              # evicts "mail"
+    assert cache.lookup(b"mail+cursor", GROUP, None, nearest).level == "miss"
+
+
+def test_the_similar_search_looks_at_the_most_recent_frames_only(mail):
+    from inference_worker.kv_cache import MAX_SIMILAR_CANDIDATES
+    cache = FrameCache(max_bytes=10**6, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 1)
+    other = frame_signature([DIFFERENT_SCREENS["other text lines"]()])
+    for i in range(MAX_SIMILAR_CANDIDATES - 1):
+        cache.put(b"other%d" % i, GROUP, other, "other KV", 1)
+    assert cache.nearest(GROUP, frame_signature([mail]))[0] == b"mail"
+    cache.put(b"one more", GROUP, other, "other KV", 1)                  # mail is now the 33rd most recent
+    assert cache.nearest(GROUP, frame_signature([mail])) is None
+
+
 def test_with_the_similar_level_off_a_near_identical_frame_misses(mail):
     cache = FrameCache(max_bytes=10_000, similar_threshold=None)
     cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)

@@ -321,3 +321,38 @@ def test_window_config_from_worker_config():
 def test_window_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         WindowConfig(**kwargs)
+
+
+# ------------------------------------------------------------ expected batch size (concurrency seen lately)
+
+def test_peak_in_flight_remembers_the_horizon(clock):
+    signals = LoadSignals(2.0, clock=clock)
+    for _ in range(3):
+        signals.request_started()
+    for _ in range(3):
+        signals.request_finished()
+    assert signals.in_flight == 0 and signals.recent_peak_in_flight() == 3      # three clients, lately
+    clock.now_s += 2.5
+    assert signals.recent_peak_in_flight() == 0
+    signals.request_started()
+    assert signals.recent_peak_in_flight() == 1
+
+
+def test_a_batch_holding_every_expected_request_goes_without_waiting_for_the_window():
+    """One client at a time never waits for companions that are not coming; four clients fill a batch of four."""
+    queue = BatchQueue(max_batch_size=8)
+    queue.put("alone")
+    result = []
+    take = threading.Thread(target=lambda: result.append(queue.take(lambda: 60.0, threading.Event(), 60.0,
+                                                                    expected_size=lambda: 1)), daemon=True)
+    take.start()
+    assert _finished(take, result).items == ["alone"]
+
+    four = []
+    thread = threading.Thread(target=lambda: four.append(queue.take(lambda: 60.0, threading.Event(), 60.0,
+                                                                    expected_size=lambda: 4)), daemon=True)
+    queue.put("a")
+    thread.start()
+    for item in "bcd":
+        queue.put(item)
+    assert _finished(thread, four).items == list("abcd")      # only a put could wake it: poll is 60 s

@@ -67,3 +67,12 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Free the model."""
+
+
+def run_one(engine: Engine, item: Prepared) -> Completion:
+    """One prepared request through `engine.run_batch`, as a batch of one; raises the error it ended with."""
+    answers: list = []
+    engine.run_batch([item], lambda index, answer: answers.append(answer))
+    if isinstance(answers[0], Exception):
+        raise answers[0]
+    return answers[0]

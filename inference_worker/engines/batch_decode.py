@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from inference_worker.engines.sampling import TokenSampler
+from inference_worker.engines.sampling import TokenSampler, argmax_lines
 from inference_worker.protocol import SamplingParams
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ class FrameKey:
     """How a prompt's prefix is found in the FrameCache (see kv_cache.py)."""
     exact_key: bytes                 # preprocessed pixels + prefix token ids + model
     group_key: bytes                 # prefix token ids + image layout + model: who may stand in for whom
-    signature: "FrameSignature"      # small grey thumbnails for the similar level
+    signature: "FrameSignature"      # small thumbnails for the similar level
+    nearest: tuple[bytes, float] | None = None   # FrameCache.nearest, found while preparing
 
 
 @dataclass
@@ -48,6 +49,9 @@ class PromptInputs:
     @property
     def num_tokens(self) -> int:
         return int(self.prefix_ids.shape[1] + self.suffix_ids.shape[1])
+
+    def all_ids(self) -> torch.Tensor:
+        return torch.cat([self.prefix_ids, self.suffix_ids], dim=1)
 
 
 @dataclass
@@ -99,8 +103,9 @@ class BatchDecoder:
         self.can_merge = can_merge        # False: a cache that left padding cannot merge; rows decode alone
         self.keep_logits = keep_logits
 
-    def run(self, rows: Sequence[Row], on_done: Callable[[int, RowResult], None]) -> None:
-        """Generate every row; `on_done(index, result)` is called the moment row `index` ends."""
+    def run(self, rows: Sequence[Row], on_done: Callable[[int, "RowResult | Exception"], None]) -> None:
+        """Generate every row; `on_done(index, result)` is called the moment row `index` ends. A row whose prefill
+        fails gets its exception there and the others go on; a failing batched step raises (every row left)."""
         if self.can_merge:
             self._run_together(list(enumerate(rows)), on_done, batch_size=len(rows))
         else:
@@ -114,7 +119,11 @@ class BatchDecoder:
         grammar = self._grammar_batch(rows)
         live: list[_Live] = []
         for index, row in rows:
-            state = self._start_row(index, row, grammar)
+            try:
+                state = self._start_row(index, row, grammar)
+            except Exception as exc:  # noqa: BLE001 - a request the model cannot prefill fails alone
+                on_done(index, exc)
+                continue
             if self._is_finished(state):
                 on_done(index, self._result(state, grammar, batch_size, started_s))
             else:
@@ -155,9 +164,10 @@ class BatchDecoder:
         """Mask, sample and record one token for each live row from its logits (len(live), vocab)."""
         logits = logits.float()
         rows = [s.index for s in live]
-        if grammar is not None:
-            grammar.apply(logits, rows)
-        tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(live)]
+        is_greedy = [s.sampler.is_greedy for s in live]
+        with torch.inference_mode():           # the grammar masks the forward's (inference) tensor in place
+            picked = grammar.apply(logits, rows, greedy=is_greedy) if grammar is not None else argmax_lines(logits)
+        tokens = [picked[i] if is_greedy[i] else s.sampler.sample(logits[i]) for i, s in enumerate(live)]
         if grammar is not None:
             grammar.advance(rows, tokens)
         for i, (state, token) in enumerate(zip(live, tokens)):
@@ -191,21 +201,32 @@ class BatchDecoder:
         """This row's cache after its whole prompt, the logits for its first token, and what reuse happened."""
         frame_cache = self.frame_cache
         if inputs.frame is None or frame_cache is None or frame_cache.max_bytes == 0:
-            ids = torch.cat([inputs.prefix_ids, inputs.suffix_ids], dim=1)
-            cache, logits = self._forward(ids, self._new_cache(), inputs.vision, num_past=0)
+            cache, logits = self._forward(inputs.all_ids(), self._new_cache(), inputs.vision, num_past=0)
             return cache, logits, "off" if inputs.num_images else "none"
         frame = inputs.frame
-        found = frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature)
+        found = frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
         if found.value is None:
-            prefix_cache, _ = self._forward(inputs.prefix_ids, self._new_cache(), inputs.vision, num_past=0)
+            cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs)
             from inference_worker.kv_cache import tensor_nbytes
             frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
                             tensor_nbytes(prefix_cache))
-        else:
-            prefix_cache = found.value
-        cache, logits = self._forward(inputs.suffix_ids, copy.deepcopy(prefix_cache), {},
+            return cache, logits, found.level
+        cache, logits = self._forward(inputs.suffix_ids, copy.deepcopy(found.value), {},
                                       num_past=int(inputs.prefix_ids.shape[1]))
         return cache, logits, found.level
+
+    def _prefill_and_keep_prefix(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor, DynamicCache]:
+        """A cold prefill that also yields the frame prefix's cache to keep. Plain attention caches are prefilled
+        whole and the prefix copied out (one forward: the cold path itself); other caches (recurrent state
+        cannot be cut) prefill the prefix, keep a copy, then the suffix."""
+        num_prefix = int(inputs.prefix_ids.shape[1])
+        if self.can_merge:
+            cache, logits = self._forward(inputs.all_ids(), self._new_cache(), inputs.vision, num_past=0)
+            prefix = [(layer.keys[:, :, :num_prefix], layer.values[:, :, :num_prefix]) for layer in cache.layers]
+            return cache, logits, DynamicCache(ddp_cache_data=prefix)      # a copy: the cache concatenates
+        prefix_cache, _ = self._forward(inputs.prefix_ids, self._new_cache(), inputs.vision, num_past=0)
+        cache, logits = self._forward(inputs.suffix_ids, copy.deepcopy(prefix_cache), {}, num_past=num_prefix)
+        return cache, logits, prefix_cache
 
     def _new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)

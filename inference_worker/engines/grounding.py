@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Sequence
 
-from inference_worker.engines.base import Engine, OnDone, Prepared
+from inference_worker.engines.base import Engine, OnDone, Prepared, run_one
 from inference_worker.ocr_reader import OcrLine, OcrReader
 from inference_worker.protocol import ChatRequest, Completion, Message
 from inference_worker.screen_concepts import bounded, clean
@@ -87,11 +87,7 @@ class OcrGroundedEngine(Engine):
         return getattr(self.inner, "frame_cache", None)
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
-        answers: list = []
-        self.run_batch([self.prepare(request, images)], lambda index, answer: answers.append(answer))
-        if isinstance(answers[0], Exception):
-            raise answers[0]
-        return answers[0]
+        return run_one(self, self.prepare(request, images))
 
     def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
         """Reads the images (on a preprocessing thread) and prepares the grounded request for the inner engine."""

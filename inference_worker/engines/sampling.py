@@ -23,6 +23,15 @@ def generate_kwargs(sampling: SamplingParams) -> dict[str, Any]:
             "top_k": sampling.top_k or None}
 
 
+def argmax_lines(logits: torch.Tensor) -> list[int]:
+    """Each line's argmax (the first, on ties). On the CPU through numpy: torch's CPU argmax is 2.5x (832
+    tokens) to 25x (150k tokens) slower with one thread."""
+    if logits.is_cpu and logits.dtype in (torch.float32, torch.float64, torch.float16):
+        return logits.detach().numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
+
 class TokenSampler:
     """Picks one row's next token from its logits: argmax when greedy, else temperature, top-k and top-p, drawn
     from the row's own generator (seeded from the request), so a seeded request samples the same tokens
@@ -35,6 +44,10 @@ class TokenSampler:
             self.generator = torch.Generator(device=device)
             seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
             self.generator.manual_seed(seed)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.generator is None
 
     def sample(self, logits: torch.Tensor) -> int:
         """`logits`: (vocab,) float, already masked (-inf = not allowed)."""

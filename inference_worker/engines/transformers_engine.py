@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from inference_worker.engines.base import Engine, OnDone, Prepared
+from inference_worker.engines.base import Engine, OnDone, Prepared, run_one
 from inference_worker.engines.batch_decode import (BatchDecoder, FrameKey, PromptInputs, Row, RowResult,
                                                    can_merge_caches, has_plain_positions)
 from inference_worker.engines.loading import LoadedModel, LoadSpec, load_model
@@ -70,18 +70,18 @@ class TransformersEngine(Engine):
         inputs = PromptInputs(ids[:, :split], ids[:, split:], batch, num_images=len(rgb))
         if rgb and self.frame_cache is not None:
             inputs.frame = frame_key(self.model_name, inputs, rgb)
+            inputs.frame.nearest = self.frame_cache.nearest(inputs.frame.group_key, inputs.frame.signature)
         return Prepared(request, images, inputs)
 
     def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
         apply_num_threads(self.num_threads)
         rows = [Row(self._on_device(item.inputs), item.request.sampling,
                     item.request.json_schema if self.use_grammar else None) for item in items]
-        self.decoder.run(rows, lambda index, result: on_done(index, self._completion(result)))
+        self.decoder.run(rows, lambda index, result: on_done(
+            index, result if isinstance(result, Exception) else self._completion(result)))
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
-        answers: list[Completion] = []
-        self.run_batch([self.prepare(request, images)], lambda index, answer: answers.append(answer))
-        return answers[0]
+        return run_one(self, self.prepare(request, images))
 
     def after_call(self) -> None:
         self.num_cuda_empty_cache_calls += release_cuda_cache()
