@@ -11,7 +11,6 @@ queued again, first in line, as a retry. Loading on this thread keeps all CUDA s
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import threading
 import time
@@ -148,7 +147,6 @@ class ModelService:
     def _load_engine(self) -> bool:
         try:
             self.engine = self._load(self._set_progress)
-            _freeze_long_lived_objects()
         except Exception as exc:  # noqa: BLE001 - any load failure becomes a one-line message for the CLI
             log.debug("engine load failed", exc_info=True)
             self.load_error = _one_line(exc)
@@ -291,13 +289,6 @@ class ModelService:
                 self.engine.close()
             except Exception:  # noqa: BLE001
                 log.warning("engine.close failed", exc_info=True)
-
-
-def _freeze_long_lived_objects() -> None:
-    """Move the loaded model's objects out of the garbage collector's reach: the GC then never rescans
-    them (hundreds of thousands with torch + transformers), so pauses while serving and the exit are short."""
-    gc.collect()
-    gc.freeze()
 
 
 def engine_stat(engine: Engine, name: str) -> float:

@@ -8,6 +8,7 @@ while a large model loads.
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import threading
@@ -37,7 +38,7 @@ def run_worker(config: WorkerConfig, stop: threading.Event, load: Callable | Non
     api_key = config.api_key or new_api_key()
     state_path = config.state_file or default_state_file()
     metrics = WorkerMetrics()
-    service = ModelService(lambda progress: load(config, progress), config, metrics=metrics,
+    service = ModelService(lambda progress: _frozen(load(config, progress)), config, metrics=metrics,
                            on_ready=lambda engine: publish(engine.kind, engine.model_name))
     server = _bind(config, Routes(config, service, metrics), api_key)
 
@@ -61,6 +62,15 @@ def run_worker(config: WorkerConfig, stop: threading.Event, load: Callable | Non
         remove_state_file(state_path)
     if service.state == "failed":
         raise WorkerStartError(f"could not load the engine: {service.load_error}")
+
+
+def _frozen(engine):
+    """The loaded engine, with every object made so far moved out of the garbage collector's reach: the GC then
+    never rescans the model's objects (hundreds of thousands with torch + transformers), so pauses while serving
+    and the exit are short. A worker-process decision: the service itself leaves the GC alone."""
+    gc.collect()
+    gc.freeze()
+    return engine
 
 
 def _bind(config: WorkerConfig, routes: Routes, api_key: str) -> WorkerHTTPServer:
