@@ -8,6 +8,7 @@ before the session's Xvfb goes away.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 from dataclasses import dataclass, field
@@ -77,7 +78,16 @@ REMINDER = Screen("white", [(0, 0, 10, HEIGHT, "#1a73e8"), (340, 330, 120, 38, "
 # ------------------------------------------------------------------ fixtures
 
 @pytest.fixture(scope="module")
-def tk_root(xdisplay):
+def collect_on_this_thread():
+    """Torn down after `tk_root` has been released: the Tk interpreter's reference cycles are collected here, on
+    the main thread that made it. Left to a later collection on another thread (the overlay's Tk thread in
+    test_overlay.py), Tcl aborts the whole test process ("async handler deleted by the wrong thread")."""
+    yield
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def tk_root(xdisplay, collect_on_this_thread):
     import tkinter as tk
 
     root = tk.Tk()
