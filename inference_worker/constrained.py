@@ -3,7 +3,8 @@
 A grammar makes invalid output unlikely, not impossible (a token limit can cut the JSON short, and an engine
 may have no grammar at all). So every answer to a request with a schema is parsed and validated; a cut-off
 or invalid answer is generated again, first with twice the tokens (capped at the worker's limit), then
-greedily, up to `max_retries` times. If none is valid the caller gets `SchemaMismatchError`.
+greedily, up to `max_retries` times (the service re-queues the attempt, see service.py); if none is valid the
+request is answered 502.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema
 from jsonschema.validators import validator_for
@@ -19,15 +20,6 @@ from jsonschema.validators import validator_for
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
 
 MAX_CACHED_VALIDATORS = 64
-
-
-class SchemaMismatchError(Exception):
-    """No attempt produced JSON matching the schema. `retries` attempts were made after the first."""
-
-    def __init__(self, message: str, *, retries: int, last: Completion | None):
-        super().__init__(message)
-        self.retries = retries
-        self.last = last
 
 
 def check_schema(schema: dict[str, Any]) -> None:
@@ -61,28 +53,6 @@ def retry_request(request: ChatRequest, retry: int, max_tokens_limit: int) -> Ch
     temperature = sampling.temperature if retry < 2 else 0.0
     return dataclasses.replace(request, sampling=dataclasses.replace(
         sampling, max_tokens=max_tokens, temperature=temperature))
-
-
-def complete_validated(call: Callable[[ChatRequest], Completion], request: ChatRequest, *, max_retries: int,
-                       max_tokens_limit: int, on_invalid: Callable[[str], None] = lambda problem: None
-                       ) -> Completion:
-    """`call(request)` until its output fits `request.json_schema`; free-text requests are called once."""
-    completion = call(request)
-    if request.json_schema is None:
-        return completion
-    problem = output_problem(completion, request.json_schema)
-    retries = 0
-    while problem is not None and retries < max_retries:
-        on_invalid(problem)
-        retries += 1
-        completion = call(retry_request(request, retries, max_tokens_limit))
-        problem = output_problem(completion, request.json_schema)
-    if problem is not None:
-        on_invalid(problem)
-        raise SchemaMismatchError(f"The model's answer did not match the requested JSON schema after {retries} "
-                             f"retries: {problem}.", retries=retries, last=completion)
-    completion.retries = retries
-    return completion
 
 
 def _schema_key(schema: dict[str, Any]) -> str:

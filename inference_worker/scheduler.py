@@ -222,7 +222,6 @@ class BatchQueue:
         self._clock = clock
         self._cond = threading.Condition()
         self._entries: deque[tuple[float, Any]] = deque()    # (enqueued_s, item)
-        self._expected_size: Callable[[], int] | None = None
 
     def __len__(self) -> int:
         with self._cond:
@@ -242,14 +241,13 @@ class BatchQueue:
         of is here: waiting longer would only delay them). None once `stop` is set (noticed within `poll_s`);
         queued items then stay for `drain()`. `window_s` is called once per batch, without the queue's lock
         held (it may read NVML); `expected_size` while it is held, so it must be quick and lock-free of us."""
-        self._expected_size = expected_size
         while self._wait(lambda: bool(self._entries), stop, poll_s):
             window = max(0.0, float(window_s()))
             with self._cond:
                 if not self._entries:        # drained meanwhile
                     continue
                 deadline_s = min(enqueued_s for enqueued_s, _ in self._entries) + window
-                if self._wait(lambda: self._is_batch_ready(deadline_s), stop, poll_s, deadline_s):
+                if self._wait(lambda: self._is_batch_ready(deadline_s, expected_size), stop, poll_s, deadline_s):
                     return self._pop_batch(window)
         return None
 
@@ -271,10 +269,10 @@ class BatchQueue:
                 self._cond.wait(timeout_s)
             return not stop.is_set()
 
-    def _is_batch_ready(self, deadline_s: float) -> bool:
+    def _is_batch_ready(self, deadline_s: float, expected_size: Callable[[], int] | None) -> bool:
         full_size = self.max_batch_size
-        if self._expected_size is not None:
-            full_size = max(1, min(full_size, self._expected_size()))
+        if expected_size is not None:
+            full_size = max(1, min(full_size, expected_size()))
         return len(self._entries) >= full_size or self._clock() >= deadline_s
 
     def _pop_batch(self, window: float) -> Batch:

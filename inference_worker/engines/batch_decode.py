@@ -183,7 +183,7 @@ class BatchDecoder:
         return RowResult(state.tokens, is_eos, state.num_prompt_tokens, state.kv_cache, batch_size,
                          ttft_s=state.first_token_s - started_s,
                          decode_s=time.perf_counter() - state.first_token_s,
-                         grammar_s=_grammar_share_s(grammar, state.index),
+                         grammar_s=grammar.elapsed_s_for(state.index) if grammar is not None else 0.0,
                          is_constrained=state.row.schema is not None and grammar is not None,
                          logits=state.logits)
 
@@ -238,13 +238,6 @@ class BatchDecoder:
             out = self.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1,
                              **vision)
         return cache, out.logits[0, -1, :]
-
-
-def _grammar_share_s(grammar, index: int) -> float:
-    if grammar is None:
-        return 0.0
-    share = getattr(grammar, "elapsed_s_for", None)
-    return share(index) if share is not None else grammar.elapsed_s
 
 
 def merge_caches(caches: Sequence[DynamicCache]) -> tuple[DynamicCache, torch.Tensor]:
