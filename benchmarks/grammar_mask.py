@@ -230,7 +230,7 @@ def batch_loop(grammars, trace: Trace, *, prefetch: bool = False, lazy_greedy: b
     apply(rows still running); `json_model`: logits whose argmax the grammar accepts (see stand_in_logits)."""
     import torch
 
-    from inference_worker.engines.sampling import argmax_lines
+    from inference_worker.engines.hf.sampling import argmax_lines
     from inference_worker.protocol import DESKEYE_SCHEMA
 
     batch = grammars.batch([DESKEYE_SCHEMA] * len(trace.tokens), prefetch=prefetch)
@@ -258,7 +258,7 @@ def free_loop(vocab_size: int, trace: Trace):
     with the same argmax_lines, so that only the grammar differs)."""
     import torch
 
-    from inference_worker.engines.sampling import argmax_lines
+    from inference_worker.engines.hf.sampling import argmax_lines
 
     logits = torch.zeros(len(trace.tokens), vocab_size)
 
@@ -275,7 +275,7 @@ def old_loop(old_grammars, trace: Trace):
     """The first processor as generate drives it: every row every step, finished rows padded with EOS."""
     import torch
 
-    from inference_worker.engines.sampling import argmax_lines
+    from inference_worker.engines.hf.sampling import argmax_lines
     from inference_worker.protocol import DESKEYE_SCHEMA
 
     processor = old_grammars.logits_processor(DESKEYE_SCHEMA, len(trace.tokens))
@@ -307,7 +307,7 @@ def replay(make_loop, forward: DecodeStep, trace: Trace) -> tuple[float, float]:
 
 
 def measure(model, vocab: Vocab, baseline, *, batch_size: int, repeats: int) -> tuple[Trace, Row]:
-    from inference_worker.grammar import SchemaGrammars
+    from inference_worker.engines.hf.grammar import SchemaGrammars
 
     eos_ids = [vocab.tokenizer.convert_tokens_to_ids(vocab.tokenizer.eos_token)]
     grammars = SchemaGrammars(vocab.tokenizer, vocab_size=vocab.lm_head_size, eos_token_ids=eos_ids)
@@ -348,7 +348,7 @@ def mask_kernels(masks: list, vocab_size: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from inference_worker.token_mask import fill_banned_words, unpack_words
+    from inference_worker.engines.hf.token_mask import fill_banned_words, unpack_words
 
     logits = torch.zeros(len(masks[0]), vocab_size)
     shifts = torch.arange(32, dtype=torch.int32)

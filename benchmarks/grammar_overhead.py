@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     import llguidance
     import torch
 
-    from inference_worker.engines.transformers_engine import load_transformers_engine
+    from inference_worker.engines.hf.engine import load_transformers_engine
 
     with tempfile.TemporaryDirectory(prefix="deskeye-bench-") as tmp:
         model = args.model

@@ -126,7 +126,7 @@ def rapidocr_defaults() -> Callable:
 
 
 def deskeye_reader(**options) -> tuple[Callable, object]:
-    from inference_worker.ocr_reader import OcrConfig, OcrReader
+    from inference_worker.engines.ocr.reader import OcrConfig, OcrReader
 
     reader = OcrReader(OcrConfig(**options))
     return (lambda image: list(reader.read_full(image).lines)), reader
@@ -136,7 +136,7 @@ def cold_call_child(width: int, height: int) -> None:
     """Run in a fresh process: the first read, as the worker's first request sees it (models load lazily)."""
     image, truth = render_screen(width, height)
     started = time.perf_counter()
-    from inference_worker.ocr_reader import OcrReader
+    from inference_worker.engines.ocr.reader import OcrReader
 
     reader = OcrReader()
     imported = time.perf_counter()
@@ -176,7 +176,7 @@ def full_read_rows(configs, repeats: int) -> list[dict]:
 
 def reread_rows(sizes, repeats: int) -> list[dict]:
     """Alternate two frames that differ in one line: every read after the first is a partial re-read."""
-    from inference_worker.ocr_reader import OcrReader
+    from inference_worker.engines.ocr.reader import OcrReader
 
     rows = []
     for width, height in sizes:
@@ -204,7 +204,7 @@ def reread_rows(sizes, repeats: int) -> list[dict]:
 
 
 def describe_row(screen: str, repeats: int) -> dict:
-    from inference_worker.engines.ocr import OcrEngine
+    from inference_worker.engines.ocr.engine import OcrEngine
     from inference_worker.protocol import build_messages, deskeye_response_format, parse_chat_request
 
     engine = OcrEngine()
@@ -223,7 +223,7 @@ def describe_row(screen: str, repeats: int) -> dict:
 
 
 def deskeye_label() -> str:
-    from inference_worker.ocr_reader import OcrConfig
+    from inference_worker.engines.ocr.reader import OcrConfig
 
     config = OcrConfig()
     return (f"deskeye (no cls, det<={config.det_max_side_px}, rec {config.rec_height_px}, "
@@ -252,7 +252,7 @@ def print_table(rows: list[dict]) -> None:
 def environment() -> dict:
     import onnxruntime
 
-    from inference_worker.ocr_reader import OcrConfig
+    from inference_worker.engines.ocr.reader import OcrConfig
 
     return {"python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
             "cpu_count": os.cpu_count(), "load_average_before": [round(x, 2) for x in os.getloadavg()],

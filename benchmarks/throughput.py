@@ -287,8 +287,8 @@ def measure_model_only(model: str, args: argparse.Namespace, plan: Plan, request
                        num_repeats: int = 3) -> dict:
     """Where the ceiling is: the engine alone in this process, on the anchor level's JSON requests already
     prepared (no HTTP, no image decoding, no processor on the clock): one at a time vs as one batch."""
-    from inference_worker.engines.transformers_engine import load_transformers_engine
-    from inference_worker.images import decode_request_images
+    from inference_worker.engines.hf.engine import load_transformers_engine
+    from inference_worker.serving.images import decode_request_images
     from inference_worker.protocol import parse_chat_request
 
     engine = load_transformers_engine(model, device=args.device, num_threads=args.threads, progress=False)

@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(config: WorkerConfig) -> int:
-    from inference_worker.auth import StateFileError
-    from inference_worker.worker import WorkerStartError, run_worker
+    from inference_worker.server.auth import StateFileError
+    from inference_worker.server.lifetime import WorkerStartError, run_worker
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

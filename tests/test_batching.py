@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from inference_worker.config import WorkerConfig
-from inference_worker.engines.transformers_engine import load_transformers_engine
+from inference_worker.engines.hf.engine import load_transformers_engine
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import build_messages, deskeye_response_format, parse_chat_request
-from inference_worker.service import ModelService
+from inference_worker.serving.service import ModelService
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.worker import running_worker
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from inference_worker.grammar import (WORD_FILL_MIN_VOCAB, GrammarBatch, GrammarError, GrammarLogitsProcessor,
+from inference_worker.engines.hf.grammar import (WORD_FILL_MIN_VOCAB, GrammarBatch, GrammarError, GrammarLogitsProcessor,
                                      SchemaGrammars)
-from inference_worker.engines.transformers_engine import load_transformers_engine
+from inference_worker.engines.hf.engine import load_transformers_engine
 from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError
-from inference_worker.token_mask import fill_banned_words, unpack_bitmask
+from inference_worker.engines.hf.token_mask import fill_banned_words, unpack_bitmask
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 
 SCREEN = png_bytes((40, 160, 90))

@@ -1,4 +1,4 @@
-"""The frame cache (inference_worker/kv_cache.py): LRU under a byte bound, freeing on eviction, the exact and
+"""The frame cache (inference_worker/engines/hf/frame_cache.py): LRU under a byte bound, freeing on eviction, the exact and
 similar levels on real rendered desktop frames, and sizes of a real transformers DynamicCache."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
-from inference_worker.kv_cache import FrameCache, content_key, frame_distance, frame_signature, tensor_nbytes
+from inference_worker.engines.hf.frame_cache import FrameCache, content_key, frame_distance, frame_signature, tensor_nbytes
 from tests.fixtures.text_image import font_path
 
 GROUP = b"model+prefix+layout"
@@ -169,7 +169,7 @@ def test_nearest_found_while_preparing_is_used_by_the_lookup_if_still_kept(mail)
 
 
 def test_the_similar_search_looks_at_the_most_recent_frames_only(mail):
-    from inference_worker.kv_cache import MAX_SIMILAR_CANDIDATES
+    from inference_worker.engines.hf.frame_cache import MAX_SIMILAR_CANDIDATES
     cache = FrameCache(max_bytes=10**6, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
     cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 1)
     other = frame_signature([DIFFERENT_SCREENS["other text lines"]()])
@@ -278,5 +278,5 @@ def test_content_key_tells_tensor_contents_shapes_and_types_apart():
 
 
 def test_importing_the_cache_does_not_import_torch():
-    code = "import sys, inference_worker.kv_cache; sys.exit('torch' in sys.modules)"
+    code = "import sys, inference_worker.engines.hf.frame_cache; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

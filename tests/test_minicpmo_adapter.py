@@ -18,9 +18,9 @@ import jsonschema
 import pytest
 import torch
 
-from inference_worker.engines.loading import MINICPMO_UNLOADED_PREFIXES, checkpoint_weight_bytes, is_minicpmo
-from inference_worker.engines.minicpmo import MiniCPMOEngine, chat_messages
-from inference_worker.engines.transformers_engine import load_transformers_engine
+from inference_worker.engines.hf.loading import MINICPMO_UNLOADED_PREFIXES, checkpoint_weight_bytes, is_minicpmo
+from inference_worker.engines.hf.minicpmo import MiniCPMOEngine, chat_messages
+from inference_worker.engines.hf.engine import load_transformers_engine
 from inference_worker.protocol import DESKEYE_SCHEMA, Turn, build_messages, parse_chat_request
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.minicpmo_standin import QUERY_NUM, build_minicpmo_standin
@@ -144,7 +144,7 @@ def test_the_vram_estimate_leaves_out_audio_and_tts_weights(engine, standin_dir)
 
 
 def test_a_checkpoint_without_its_model_code_is_reported_as_incomplete(standin_dir, tmp_path):
-    from inference_worker.engines.loading import ModelLoadError
+    from inference_worker.engines.hf.loading import ModelLoadError
 
     folder = tmp_path / "no_code"
     shutil.copytree(standin_dir, folder)
@@ -155,7 +155,7 @@ def test_a_checkpoint_without_its_model_code_is_reported_as_incomplete(standin_d
 
 def test_model_code_written_for_another_transformers_gets_a_clear_error(standin_dir, tmp_path):
     """Stands in for the official remote code (pinned to transformers 4.51) failing under transformers 5."""
-    from inference_worker.engines.loading import ModelLoadError
+    from inference_worker.engines.hf.loading import ModelLoadError
 
     folder = tmp_path / "old_code"
     shutil.copytree(standin_dir, folder)

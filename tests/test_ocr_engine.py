@@ -17,11 +17,11 @@ import jsonschema
 import pytest
 
 from inference_worker.engines.base import Engine
-from inference_worker.engines.ocr import OcrEngine
-from inference_worker.ocr_reader import OcrReader
+from inference_worker.engines.ocr.engine import OcrEngine
+from inference_worker.engines.ocr.reader import OcrReader
 from inference_worker.protocol import (DESKEYE_SCHEMA, ProtocolError, build_messages, deskeye_response_format,
                                        parse_chat_request)
-from inference_worker.screen_concepts import compact, match_concepts
+from inference_worker.engines.ocr.concepts import compact, match_concepts
 
 WIDTH, HEIGHT, LEFT, TOP = 640, 400, 40, 40
 SANS, MONO, CJK = "DejaVu Sans", "DejaVu Sans Mono", "Noto Sans CJK SC"
@@ -290,7 +290,7 @@ def test_a_frame_with_one_changed_line_re_reads_only_that_line():
 def test_changed_regions_cover_whole_old_lines_and_merge_neighbours():
     import numpy as np
 
-    from inference_worker.ocr_reader import OcrLine, changed_regions
+    from inference_worker.engines.ocr.reader import OcrLine, changed_regions
 
     diff = np.zeros((200, 300 * 3), dtype=np.uint8)
     diff[52:56, 3 * 40:3 * 44] = 200                          # one glyph of a line changed
@@ -318,7 +318,7 @@ def _request(with_system: bool = True):
 
 
 def test_grounding_puts_the_read_text_into_the_system_message_as_data(grounding_image):
-    from inference_worker.engines.grounding import GROUNDING_HEADING, ground_request, grounding_text
+    from inference_worker.engines.ocr.grounding import GROUNDING_HEADING, ground_request, grounding_text
 
     lines = OcrReader().read(grounding_image).lines
     text = grounding_text(lines)
@@ -336,8 +336,8 @@ def test_grounding_puts_the_read_text_into_the_system_message_as_data(grounding_
 
 
 def test_grounding_text_is_bounded(grounding_image):
-    from inference_worker.engines.grounding import GROUNDING_HEADING, grounding_text
-    from inference_worker.ocr_reader import OcrLine
+    from inference_worker.engines.ocr.grounding import GROUNDING_HEADING, grounding_text
+    from inference_worker.engines.ocr.reader import OcrLine
 
     many = [OcrLine(f"line {i} " + "x" * 300, (0, i, 10, i + 1), 0.9) for i in range(40)]
     text = grounding_text(many, max_chars=600)
@@ -360,8 +360,8 @@ class RecordingEngine(Engine):
 
 
 def test_grounded_tiny_vlm_sees_the_ocr_text(tiny_idefics3_dir, grounding_image):
-    from inference_worker.engines.grounding import with_ocr_grounding
-    from inference_worker.engines.transformers_engine import load_transformers_engine
+    from inference_worker.engines.ocr.grounding import with_ocr_grounding
+    from inference_worker.engines.hf.engine import load_transformers_engine
 
     model = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
     recording = RecordingEngine(model)
@@ -382,7 +382,7 @@ def test_grounded_tiny_vlm_sees_the_ocr_text(tiny_idefics3_dir, grounding_image)
 # ------------------------------------------------------------------ the vocabulary and entities (pure)
 
 def test_entities_in_english_and_chinese():
-    from inference_worker.screen_concepts import extract_entities
+    from inference_worker.engines.ocr.concepts import extract_entities
 
     texts = ["Meeting at 3:30 PM on 2024-05-12", "Total $1,249.00 or 88 元", "see https://example.com/a?b=1",
              "Inbox (12)", "5 封未读邮件", "下午3点 开会", "Due May 3, 2025", "port 8080 open", "market 12 stalls"]
@@ -394,8 +394,8 @@ def test_entities_in_english_and_chinese():
 
 
 def test_any_text_gives_an_answer_inside_the_schema():
-    from inference_worker.ocr_reader import OcrLine
-    from inference_worker.screen_concepts import describe
+    from inference_worker.engines.ocr.reader import OcrLine
+    from inference_worker.engines.ocr.concepts import describe
 
     hostile = "\u0000\u001b[31m" + "“quoted” \"json\" \n" * 30
     lines = [OcrLine(f"{i} {hostile} error inbox unread 10:0{i % 10} $9{i} https://x{i}.com",
@@ -407,7 +407,7 @@ def test_any_text_gives_an_answer_inside_the_schema():
 
 
 def test_terms_match_whole_words_outside_links_and_survive_lost_spaces():
-    from inference_worker.screen_concepts import term_in
+    from inference_worker.engines.ocr.concepts import term_in
 
     assert term_in("mute", "Mute") and not term_in("mute", "5 minutes left")
     assert term_in("traceback (most recent call last)", "Traceback(mostrecentcalllast):")

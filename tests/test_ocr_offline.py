@@ -104,8 +104,8 @@ def test_ocr_engine_answers_with_the_network_cut(tmp_path):
 
 def test_importing_the_ocr_modules_loads_no_model_and_no_torch():
     code = ("import json, sys\n"
-            "import inference_worker.engines.ocr, inference_worker.engines.grounding\n"
-            "from inference_worker.engines.ocr import OcrEngine\n"
+            "import inference_worker.engines.ocr.engine, inference_worker.engines.ocr.grounding\n"
+            "from inference_worker.engines.ocr.engine import OcrEngine\n"
             "engine = OcrEngine(preload=False)\n"
             "print(json.dumps([engine.reader.is_loaded, sorted(m for m in ('torch', 'transformers', 'onnxruntime',"
             " 'rapidocr_onnxruntime', 'cv2') if m in sys.modules)]))")

@@ -350,7 +350,7 @@ memory = ScreenMemory(); memory.remember(Description("a chart", ["chart"]))
 qa = QuickAnswerer(Settings(providers=ProviderSettings(calendar_ics={str(ics)!r})), memory)
 queries = ["what time is it", "am I free at 4pm", "battery level?", "刚才看到了什么", "今天几号"]
 answers = [qa.answer(q) for q in queries]
-heavy = [m for m in ("torch", "transformers", "openai", "inference_worker.worker", "deskeye.client")
+heavy = [m for m in ("torch", "transformers", "openai", "inference_worker.server.lifetime", "deskeye.client")
          if m in sys.modules]
 print(json.dumps({{"providers": [a.provider for a in answers], "errors": [a.is_error for a in answers],
                   "heavy": heavy, "opened": opened}}))

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from inference_worker.config import WorkerConfig
-from inference_worker.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
+from inference_worker.serving.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
 
 MAX_BATCH = 8
 JOIN_TIMEOUT_S = 10.0

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from inference_worker.engines import loading
-from inference_worker.engines.grounding import with_ocr_grounding
-from inference_worker.engines.loading import (GB, ModelLoadError, check_fits_vram, checkpoint_weight_bytes,
+from inference_worker.engines.ocr.grounding import with_ocr_grounding
+from inference_worker.engines.hf.loading import (GB, ModelLoadError, check_fits_vram, checkpoint_weight_bytes,
                                               required_vram_bytes)
-from inference_worker.engines.transformers_engine import TransformersEngine, load_transformers_engine
+from inference_worker.engines.hf.engine import TransformersEngine, load_transformers_engine
 from inference_worker.protocol import Turn, build_messages, parse_chat_request
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 
@@ -200,7 +200,7 @@ def test_the_escape_falls_back_to_a_space_where_the_tokenizer_cannot_encode_it()
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from inference_worker.engines.special_tokens import escaper_for
+    from inference_worker.engines.hf.special_tokens import escaper_for
 
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()

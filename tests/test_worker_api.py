@@ -18,11 +18,11 @@ import pytest
 from PIL import Image
 
 from inference_worker.config import WorkerConfig
-from inference_worker.constrained import retry_request
+from inference_worker.serving.validation import retry_request
 from inference_worker.engines.base import Engine
 from inference_worker.protocol import (DESKEYE_SCHEMA, Completion, build_messages, deskeye_response_format,
                                        image_data_url, parse_chat_request)
-from inference_worker.worker import run_worker
+from inference_worker.server.lifetime import run_worker
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import WorkerHandle, running_worker, start_worker
 
@@ -243,7 +243,7 @@ def test_cuda_empty_cache_calls_reach_the_metric(tiny_idefics3_dir, tmp_path, mo
     real tiny Idefics3 engine (loaded on the CPU) answers through the real worker on this process."""
     import torch
 
-    from inference_worker.engines.transformers_engine import load_transformers_engine
+    from inference_worker.engines.hf.engine import load_transformers_engine
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -27,7 +27,7 @@ def _no_progress(message: str) -> None:
 def load_engine(config: "WorkerConfig", progress: Callable[[str], None] = _no_progress) -> "Engine":
     engine = _load_base(config, progress)
     if config.ground_with_ocr and engine.kind != "ocr":
-        from inference_worker.engines.grounding import with_ocr_grounding
+        from inference_worker.engines.ocr.grounding import with_ocr_grounding
         progress("loading OCR for grounding")
         engine = with_ocr_grounding(engine)
     return engine
@@ -47,13 +47,13 @@ def _load_base(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engi
 
 
 def _load_ocr(progress: Callable[[str], None]) -> "Engine":
-    from inference_worker.engines.ocr import OcrEngine
+    from inference_worker.engines.ocr.engine import OcrEngine
     progress("loading OCR engine")
     return OcrEngine()
 
 
 def _load_transformers(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engine":
-    from inference_worker.engines.transformers_engine import load_transformers_engine
+    from inference_worker.engines.hf.engine import load_transformers_engine
     progress(f"loading {config.model}")
     return load_transformers_engine(config.model, device=config.device, dtype=config.dtype,
                                     use_grammar=config.use_grammar, num_threads=config.num_threads or None,

@@ -14,12 +14,12 @@ import os
 import threading
 from typing import Callable
 
-from inference_worker.auth import default_state_file, new_api_key, remove_state_file, write_state_file
+from inference_worker.server.auth import default_state_file, new_api_key, remove_state_file, write_state_file
 from inference_worker.config import WorkerConfig
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.routes import Routes
-from inference_worker.server import WorkerHTTPServer
-from inference_worker.service import ModelService
+from inference_worker.server.routes import Routes
+from inference_worker.server.app import WorkerHTTPServer
+from inference_worker.serving.service import ModelService
 
 log = logging.getLogger("deskeye.worker")
 

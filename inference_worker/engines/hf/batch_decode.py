@@ -20,17 +20,17 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from inference_worker.engines.sampling import TokenSampler, argmax_lines
+from inference_worker.engines.hf.sampling import TokenSampler, argmax_lines
 from inference_worker.protocol import SamplingParams
 
 if TYPE_CHECKING:
-    from inference_worker.grammar import SchemaGrammars
-    from inference_worker.kv_cache import FrameCache, FrameSignature
+    from inference_worker.engines.hf.grammar import SchemaGrammars
+    from inference_worker.engines.hf.frame_cache import FrameCache, FrameSignature
 
 
 @dataclass
 class FrameKey:
-    """How a prompt's prefix is found in the FrameCache (see kv_cache.py)."""
+    """How a prompt's prefix is found in the FrameCache (see frame_cache.py)."""
     exact_key: bytes                 # preprocessed pixels + prefix token ids + model
     group_key: bytes                 # prefix token ids + image layout + model: who may stand in for whom
     signature: "FrameSignature"      # small thumbnails for the similar level
@@ -191,7 +191,7 @@ class BatchDecoder:
         schemas = [row.schema for _, row in rows]
         if self.grammars is None or all(s is None for s in schemas):
             return None
-        from inference_worker.grammar import GrammarBatch
+        from inference_worker.engines.hf.grammar import GrammarBatch
         by_index = {index: row.schema for index, row in rows}
         return GrammarBatch(self.grammars(), [by_index.get(i) for i in range(max(by_index) + 1)])
 
@@ -207,7 +207,7 @@ class BatchDecoder:
         found = frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
         if found.value is None:
             cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs)
-            from inference_worker.kv_cache import tensor_nbytes
+            from inference_worker.engines.hf.frame_cache import tensor_nbytes
             frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
                             tensor_nbytes(prefix_cache))
             return cache, logits, found.level

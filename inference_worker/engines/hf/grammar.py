@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from inference_worker.engines.sampling import argmax_lines
-from inference_worker.token_mask import BITS_PER_WORD, fill_banned_words, pack_token_ids, unpack_words
+from inference_worker.engines.hf.sampling import argmax_lines
+from inference_worker.engines.hf.token_mask import BITS_PER_WORD, fill_banned_words, pack_token_ids, unpack_words
 from inference_worker.protocol import ProtocolError
 
 #: no flexible whitespace (forced over any "x-guidance" in the schema); keywords the engine lacks are

@@ -17,9 +17,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from inference_worker.auth import is_authorized
+from inference_worker.server.auth import is_authorized
 from inference_worker.protocol import ProtocolError
-from inference_worker.routes import Routes
+from inference_worker.server.routes import Routes
 
 log = logging.getLogger("deskeye.worker")
 

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from inference_worker.engines.base import Engine, OnDone, Prepared, run_one
-from inference_worker.engines.batch_decode import (BatchDecoder, FrameKey, PromptInputs, Row, RowResult,
+from inference_worker.engines.hf.batch_decode import (BatchDecoder, FrameKey, PromptInputs, Row, RowResult,
                                                    can_merge_caches, has_plain_positions)
-from inference_worker.engines.loading import LoadedModel, LoadSpec, load_model
-from inference_worker.engines.sampling import eos_token_ids, finish_reason, trim_at_eos
-from inference_worker.engines.special_tokens import escaper_for
+from inference_worker.engines.hf.loading import LoadedModel, LoadSpec, load_model
+from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, trim_at_eos
+from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from inference_worker.grammar import SchemaGrammars
+    from inference_worker.engines.hf.grammar import SchemaGrammars
 
 
 class TransformersEngine(Engine):
@@ -120,7 +120,7 @@ class TransformersEngine(Engine):
 
     def _schema_grammars(self) -> "SchemaGrammars":
         if self.grammars is None:
-            from inference_worker.grammar import SchemaGrammars
+            from inference_worker.engines.hf.grammar import SchemaGrammars
             vocab_size = self.model.get_output_embeddings().weight.shape[0]
             self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
         return self.grammars
@@ -146,7 +146,7 @@ def prefix_length(ids: list[int], image_token: int | None) -> int:
 def frame_key(model_name: str, inputs: PromptInputs, images: list["Image"]) -> FrameKey:
     """Keys of a prompt's prefix in the FrameCache: the exact key hashes the preprocessed pixels, the prefix
     token ids and the model; the group key (who may stand in for whom) the same without the pixel values."""
-    from inference_worker.kv_cache import content_key, frame_signature
+    from inference_worker.engines.hf.frame_cache import content_key, frame_signature
 
     tensors = {name: value for name, value in inputs.vision.items() if torch.is_tensor(value)}
     layout = {name: f"{tuple(value.shape)}{value.dtype}" for name, value in tensors.items()}
@@ -158,7 +158,7 @@ def frame_key(model_name: str, inputs: PromptInputs, images: list["Image"]) -> F
 def _frame_cache(max_bytes: int, similar_threshold: float | None):
     if max_bytes <= 0:
         return None
-    from inference_worker.kv_cache import FrameCache
+    from inference_worker.engines.hf.frame_cache import FrameCache
     return FrameCache(max_bytes, similar_threshold)
 
 
@@ -206,7 +206,7 @@ def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "
     apply_num_threads(num_threads)
     loaded = load_model(LoadSpec(model, device, dtype), progress=progress)
     if loaded.family == "minicpmo":
-        from inference_worker.engines.minicpmo import MiniCPMOEngine
+        from inference_worker.engines.hf.minicpmo import MiniCPMOEngine
         return MiniCPMOEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads,
                                           vision_cache_bytes=kv_cache_bytes)   # its exact level: vision features
     return TransformersEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads,

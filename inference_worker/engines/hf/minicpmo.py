@@ -23,17 +23,17 @@ import torch
 from transformers import LogitsProcessorList
 
 from inference_worker.engines.base import Engine, Prepared
-from inference_worker.engines.sampling import finish_reason, generate_kwargs, seed_generation, trim_at_eos
-from inference_worker.engines.special_tokens import escaper_for
-from inference_worker.engines.transformers_engine import apply_num_threads, grammar_facts, release_cuda_cache
-from inference_worker.kv_cache import FrameCache, content_key, tensor_nbytes
+from inference_worker.engines.hf.sampling import finish_reason, generate_kwargs, seed_generation, trim_at_eos
+from inference_worker.engines.hf.special_tokens import escaper_for
+from inference_worker.engines.hf.engine import apply_num_threads, grammar_facts, release_cuda_cache
+from inference_worker.engines.hf.frame_cache import FrameCache, content_key, tensor_nbytes
 from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from inference_worker.engines.loading import LoadedModel
-    from inference_worker.grammar import SchemaGrammars
+    from inference_worker.engines.hf.loading import LoadedModel
+    from inference_worker.engines.hf.grammar import SchemaGrammars
 
 IMAGE_PLACEHOLDER = "<image>./</image>"   # what chat() puts where an image was
 MAX_INPUT_TOKENS = 8192                   # chat()'s default max_inp_length
@@ -62,7 +62,7 @@ def load_minicpmo_parts(path: Path, *, dtype, attn_implementation: str, device, 
 def _remote_code_error(exc: Exception):
     import transformers
 
-    from inference_worker.engines.loading import ModelLoadError
+    from inference_worker.engines.hf.loading import ModelLoadError
     return ModelLoadError(
         f"MiniCPM-o's own model code failed under transformers {transformers.__version__}: {exc}. "
         "The official code targets transformers 4.51; use a revision ported to transformers 5 (see the "
@@ -162,7 +162,7 @@ class MiniCPMOEngine(Engine):
         if request.json_schema is None or not self.use_grammar:
             return None
         if self.grammars is None:
-            from inference_worker.grammar import SchemaGrammars
+            from inference_worker.engines.hf.grammar import SchemaGrammars
             vocab_size = self.model.llm.get_output_embeddings().weight.shape[0]
             self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
         return self.grammars.logits_processor(request.json_schema)

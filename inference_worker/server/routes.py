@@ -13,11 +13,11 @@ import uuid
 from typing import Any
 
 from inference_worker.config import WorkerConfig
-from inference_worker.constrained import check_schema
+from inference_worker.serving.validation import check_schema
 from inference_worker.engines.base import Engine
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import ProtocolError, RequestLimits, completion_body, parse_chat_request
-from inference_worker.service import ModelService, ServiceError
+from inference_worker.serving.service import ModelService, ServiceError
 
 MODEL_ALIAS = "deskeye"
 

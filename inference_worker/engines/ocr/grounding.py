@@ -13,9 +13,9 @@ import json
 from typing import TYPE_CHECKING, Sequence
 
 from inference_worker.engines.base import Engine, OnDone, Prepared, run_one
-from inference_worker.ocr_reader import OcrLine, OcrReader
+from inference_worker.engines.ocr.reader import OcrLine, OcrReader
 from inference_worker.protocol import ChatRequest, Completion, Message
-from inference_worker.screen_concepts import bounded, clean
+from inference_worker.engines.ocr.concepts import bounded, clean
 
 if TYPE_CHECKING:
     from PIL.Image import Image

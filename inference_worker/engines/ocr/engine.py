@@ -1,7 +1,7 @@
 """The CPU engine: read the screen's text with RapidOCR and describe it, with no GPU, no weights, no torch.
 
 It answers in DeskEye's schema ({"summary", "key_objects"}): the summary names the kind of screen and
-quotes its salient lines; key_objects come from the bilingual vocabulary in `screen_concepts`. A question
+quotes its salient lines; key_objects come from the bilingual vocabulary in `concepts`. A question
 gets the same description with the lines that mention the question's words first. It never invents
 anything that is not in the text it read.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from inference_worker.engines.base import Engine
-from inference_worker.ocr_reader import OcrConfig, OcrLine, OcrReader, ReadResult
+from inference_worker.engines.ocr.reader import OcrConfig, OcrLine, OcrReader, ReadResult
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
-from inference_worker.screen_concepts import (LineLike, ScreenDescription, clean, compact, compose_summary,
+from inference_worker.engines.ocr.concepts import (LineLike, ScreenDescription, clean, compact, compose_summary,
                                               describe, salient_order)
 
 if TYPE_CHECKING:

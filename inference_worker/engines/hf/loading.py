@@ -2,7 +2,7 @@
 
 Every way loading can fail that a user can fix (a missing or incomplete folder, a Hub id while offline,
 too little GPU memory) becomes a `ModelLoadError` whose message says what is wrong and what to do.
-`load_model` returns a `LoadedModel`; the engines (transformers_engine, minicpmo) wrap it.
+`load_model` returns a `LoadedModel`; the engines (engine, minicpmo) wrap it.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def load_model(spec: LoadSpec, *, progress: bool = True) -> LoadedModel:
         _check_vram(spec.model, path, device, dtype, family)
     attn = attention_implementation(device)
     if family == "minicpmo":
-        from inference_worker.engines.minicpmo import load_minicpmo_parts
+        from inference_worker.engines.hf.minicpmo import load_minicpmo_parts
         load_parts = load_minicpmo_parts
     else:
         load_parts = load_transformers_parts

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from inference_worker.config import WorkerConfig
-from inference_worker.constrained import output_problem, retry_request
+from inference_worker.serving.validation import output_problem, retry_request
 from inference_worker.engines.base import Engine, Prepared
-from inference_worker.images import decode_request_images
+from inference_worker.serving.images import decode_request_images
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
-from inference_worker.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
+from inference_worker.serving.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
 
 log = logging.getLogger("deskeye.worker")
 

@@ -1,0 +1,1 @@
+"""HTTP: the app, its routes and gates (Host, bearer key), and the worker process lifetime."""
