@@ -26,6 +26,7 @@ from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.memory import ConversationMemory
 from deskeye.settings import Settings, with_overrides
 from deskeye.supervisor import WorkerSupervisor
+from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import stop_process
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import running_worker, worker_env
@@ -121,5 +122,6 @@ def test_transformers_serve_answers_but_ignores_response_format(transformers_ser
     assert "may ignore response_format json_schema" in message
     log = "".join(output)
     assert "Ignoring unsupported fields in the request: {'response_format'}" in log       # the reason
-    assert re.search(r'"POST /v1/chat/completions HTTP/1.1" 200', log)                      # it did answer
+    answered = r'"POST /v1/chat/completions HTTP/1.1" 200'          # the access log is written after the response
+    assert wait_until(lambda: re.search(answered, "".join(output)), timeout_s=10)           # it did answer
     assert check_external_server(client.settings).is_ok                                      # and lists the model

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from inference_worker.engines import loading
+from inference_worker.engines.hf import loading
 from inference_worker.engines.ocr.grounding import with_ocr_grounding
 from inference_worker.engines.hf.loading import (GB, ModelLoadError, check_fits_vram, checkpoint_weight_bytes,
                                               required_vram_bytes)
@@ -131,11 +131,11 @@ def test_the_ocr_grounded_wrapper_reports_the_inner_engines_count(idefics3_engin
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     grounded = with_ocr_grounding(idefics3_engine)
-    before = grounded.num_cuda_empty_cache_calls
+    before = grounded.stats().num_cuda_empty_cache_calls
     grounded.after_call()
     grounded.after_call()
     assert len(calls) == 2
-    assert grounded.num_cuda_empty_cache_calls == idefics3_engine.num_cuda_empty_cache_calls == before + 2
+    assert grounded.stats().num_cuda_empty_cache_calls == idefics3_engine.num_cuda_empty_cache_calls == before + 2
 
 
 def special_token_ids(tokenizer) -> set[int]:

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from inference_worker.protocol import ChatRequest, Completion
@@ -23,6 +24,18 @@ class Prepared:
     request: ChatRequest
     images: list
     inputs: Any = None
+    #: set by the service when the client went away or timed out: the engine ends the row at its next step
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What an engine reports to the worker's /metrics after each model call."""
+    live_rows: int = 0                      # rows decoding right now
+    num_cuda_empty_cache_calls: int = 0     # torch.cuda.empty_cache() calls so far (0 without CUDA)
+    kv_bytes: int = 0                       # bytes of frame KV held
+    kv_entries: int = 0
+    kv_evictions: int = 0
 
 
 class Engine(ABC):
@@ -61,6 +74,15 @@ class Engine(ABC):
                 on_done(index, exc)
             else:
                 on_done(index, completion)
+
+    @property
+    def device(self) -> Any:
+        """Where the model runs (a torch.device for model engines); "cpu" for engines without torch."""
+        return "cpu"
+
+    def stats(self) -> EngineStats:
+        """The engine's counters, read by the service after each model call."""
+        return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls)
 
     def after_call(self) -> None:
         """Drop per-request state; on CUDA, empty the cache. Runs on the model thread after every call."""

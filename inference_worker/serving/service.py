@@ -153,7 +153,7 @@ class ModelService:
             self.state = "failed"
             return False
         max_batch_size = self._config.max_batch_size if self.engine.can_batch else 1
-        device = getattr(self.engine, "device", None)
+        device = self.engine.device
         if self._window.gpu is None and getattr(device, "type", "") == "cuda":
             self._window.gpu = GpuUtilization(device.index or 0)
         self._queue = BatchQueue(max_batch_size)
@@ -262,14 +262,13 @@ class ModelService:
             log.warning("engine.after_call failed", exc_info=True)
             return
         self._metrics.cache_releases.inc()
-        self._metrics.cuda_empty_cache.set(engine_stat(self.engine, "num_cuda_empty_cache_calls"))
+        self._metrics.cuda_empty_cache.set(self.engine.stats().num_cuda_empty_cache_calls)
 
     def _update_cache_metrics(self) -> None:
-        frame_cache = getattr(self.engine, "frame_cache", None)
-        if frame_cache is not None:
-            self._metrics.kv_bytes.set(frame_cache.num_bytes)
-            self._metrics.kv_entries.set(frame_cache.num_entries)
-            self._metrics.kv_evictions.set(frame_cache.num_evictions)
+        stats = self.engine.stats()
+        self._metrics.kv_bytes.set(stats.kv_bytes)
+        self._metrics.kv_entries.set(stats.kv_entries)
+        self._metrics.kv_evictions.set(stats.kv_evictions)
 
     def _count_invalid(self, problem: str) -> None:
         self._metrics.invalid_outputs.inc()
@@ -289,11 +288,6 @@ class ModelService:
                 self.engine.close()
             except Exception:  # noqa: BLE001
                 log.warning("engine.close failed", exc_info=True)
-
-
-def engine_stat(engine: Engine, name: str) -> float:
-    value: Any = getattr(engine, name, 0)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _one_line(exc: BaseException) -> str:

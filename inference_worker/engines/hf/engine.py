@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from inference_worker.engines.base import Engine, OnDone, Prepared, run_one
+from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, run_one
 from inference_worker.engines.hf.batch_decode import (BatchDecoder, FrameKey, PromptInputs, Row, RowResult,
                                                    can_merge_caches, has_plain_positions)
 from inference_worker.engines.hf.loading import LoadedModel, LoadSpec, load_model
@@ -82,6 +82,13 @@ class TransformersEngine(Engine):
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
         return run_one(self, self.prepare(request, images))
+
+    def stats(self) -> EngineStats:
+        cache = self.frame_cache
+        if cache is None:
+            return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls)
+        return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls, kv_bytes=cache.num_bytes,
+                           kv_entries=cache.num_entries, kv_evictions=cache.num_evictions)
 
     def after_call(self) -> None:
         self.num_cuda_empty_cache_calls += release_cuda_cache()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from transformers import LogitsProcessorList
 
-from inference_worker.engines.base import Engine, Prepared
+from inference_worker.engines.base import Engine, EngineStats, Prepared
 from inference_worker.engines.hf.sampling import finish_reason, generate_kwargs, seed_generation, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.engine import apply_num_threads, grammar_facts, release_cuda_cache
@@ -148,6 +148,13 @@ class MiniCPMOEngine(Engine):
         _, vision_hidden_states = self.model.get_vllm_embedding(data)        # runs the vision encoder once
         self.frame_cache.put(key, key, None, vision_hidden_states, tensor_nbytes(vision_hidden_states))
         return vision_hidden_states, "miss"
+
+    def stats(self) -> EngineStats:
+        cache = self.frame_cache
+        if cache is None:
+            return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls)
+        return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls, kv_bytes=cache.num_bytes,
+                           kv_entries=cache.num_entries, kv_evictions=cache.num_evictions)
 
     def after_call(self) -> None:
         self.num_cuda_empty_cache_calls += release_cuda_cache()

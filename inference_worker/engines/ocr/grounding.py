@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Sequence
 
-from inference_worker.engines.base import Engine, OnDone, Prepared, run_one
+from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, run_one
 from inference_worker.engines.ocr.reader import OcrLine, OcrReader
 from inference_worker.protocol import ChatRequest, Completion, Message
 from inference_worker.engines.ocr.concepts import bounded, clean
@@ -75,16 +75,15 @@ class OcrGroundedEngine(Engine):
         return self.inner.model_name
 
     @property
-    def num_cuda_empty_cache_calls(self) -> int:   # the model engine empties the cache in its after_call
-        return self.inner.num_cuda_empty_cache_calls
-
-    @property
     def can_batch(self) -> bool:
         return self.inner.can_batch
 
     @property
-    def frame_cache(self):
-        return getattr(self.inner, "frame_cache", None)
+    def device(self):
+        return self.inner.device
+
+    def stats(self) -> EngineStats:   # the model engine empties the CUDA cache and holds the frame KV
+        return self.inner.stats()
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
         return run_one(self, self.prepare(request, images))
@@ -99,7 +98,8 @@ class OcrGroundedEngine(Engine):
     def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
         """The inner engine answers the grounded requests, with each attempt's sampling (retries change it)."""
         inner_items = [dataclasses.replace(inner, request=dataclasses.replace(inner.request,
-                                                                              sampling=item.request.sampling))
+                                                                              sampling=item.request.sampling),
+                                           cancelled=item.cancelled)
                        for item in items for inner, _ in [item.inputs]]
 
         def done(index: int, outcome) -> None:
