@@ -45,6 +45,9 @@ class PromptInputs:
     vision: dict[str, torch.Tensor]  # the processor's image tensors (pixel_values, ...), for the prefix
     num_images: int = 0
     frame: FrameKey | None = None    # None: no image, or reuse is off
+    #: (1, num_tokens, hidden): the whole prompt already embedded by the engine (MiniCPM-o builds its own
+    #: inputs_embeds); then prefilled from these instead of the ids and `vision`, and never split for reuse
+    inputs_embeds: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -201,7 +204,8 @@ class BatchDecoder:
         """This row's cache after its whole prompt, the logits for its first token, and what reuse happened."""
         frame_cache = self.frame_cache
         if inputs.frame is None or frame_cache is None or frame_cache.max_bytes == 0:
-            cache, logits = self._forward(inputs.all_ids(), self._new_cache(), inputs.vision, num_past=0)
+            cache, logits = self._forward(inputs.all_ids(), self._new_cache(), inputs.vision, num_past=0,
+                                          inputs_embeds=inputs.inputs_embeds)
             return cache, logits, "off" if inputs.num_images else "none"
         frame = inputs.frame
         found = frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
@@ -232,10 +236,11 @@ class BatchDecoder:
         return DynamicCache(config=self.model.config)
 
     def _forward(self, ids: torch.Tensor, cache: DynamicCache, vision: dict[str, torch.Tensor], *,
-                 num_past: int) -> tuple[DynamicCache, torch.Tensor]:
+                 num_past: int, inputs_embeds: torch.Tensor | None = None) -> tuple[DynamicCache, torch.Tensor]:
         mask = torch.ones((1, num_past + ids.shape[1]), dtype=torch.long, device=ids.device)
+        prompt = {"input_ids": ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1,
+            out = self.model(**prompt, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1,
                              **vision)
         return cache, out.logits[0, -1, :]
 

@@ -178,9 +178,10 @@ def _missing_remote_code(path: Path) -> list[str]:
 
 
 def is_minicpmo(config: dict[str, Any]) -> bool:
-    """MiniCPM-o checkpoints ship their own modeling code (auto_map) with model_type 'minicpmo'."""
-    auto_map = config.get("auto_map") or {}
-    return config.get("model_type") == "minicpmo" or any("MiniCPMO" in str(v) for v in auto_map.values())
+    """MiniCPM-o checkpoints ship their own modeling code; the adapter module knows them (imported here lazily:
+    minicpmo imports the engine, which imports this module)."""
+    from inference_worker.engines.hf.minicpmo import is_minicpmo_config
+    return is_minicpmo_config(config)
 
 
 # ---------------------------------------------------------------- how much memory it needs

@@ -1,57 +1,166 @@
-"""Adapter for MiniCPM-o 4.5 (`openbmb/MiniCPM-o-4_5`), which ships its own modeling code.
+"""Adapter for MiniCPM-o 4.5 (`openbmb/MiniCPM-o-4_5`), which ships its own modeling code: vision only, batched.
 
-Loads vision only (`init_vision=True, init_audio=False, init_tts=False`) through `AutoModel` with
-`trust_remote_code=True`. A request becomes the messages `model.chat` takes (content lists of PIL images
-and strings); the prompt and inputs are prepared the way `chat` prepares them (its chat template, its
-processor, `<image>./</image>` placeholders), then `model.generate(...)` is called directly: its extra
-keywords (sampling, `max_new_tokens`, `logits_processor`) reach the inner LLM's generate. `chat` itself
-keeps only a fixed set of sampling keywords (a grammar processor would be dropped), defaults to beam
-search when not sampling, and returns no token ids — hence generate.
+**Loading on transformers 5.** The official remote code (pinned to transformers 4.51) does not load on 5.x as is;
+read in OpenBMB/MiniCPM-o-Demo (MiniCPMO45/) and run on a tiny random instance here, it fails in four places,
+and `remote_code_compat()`, `_with_post_init` and `restore_position_tables` pass through them while loading:
+1. `modeling_navit_siglip.py` imports `transformers.modeling_attn_mask_utils` (removed in 5; the config file
+   imports it, so `AutoProcessor.from_pretrained` already fails): a module of that name is provided with the one
+   function it imports, `_prepare_4d_attention_mask` (the additive padding mask SigLIP uses for mixed-size slices).
+2. transformers' `check_imports` demands `flag_gems`, `librosa`, `soundfile`, which the code imports only behind
+   `USE_FLAGOS=1`, for reference audio and for writing speech: they are left out of the check.
+3. `MiniCPMO.__init__` never calls `post_init()`, which 5.x's `from_pretrained` needs (`all_tied_weights_keys`):
+   the model class is loaded through a subclass that calls it.
+4. 5.x builds the model on the meta device and hands every non-persistent buffer to `_init_weights`; the
+   resampler's 2-D sin-cos `pos_embed` is one that Qwen3's init does not know, so it is left uninitialised
+   memory (silently wrong vision features): it is recomputed with the resampler's own `_set_2d_pos_cache`.
+The shim module is removed again after loading (the loaded code keeps its reference). With these, the whole
+vision-only path of the official code was run on transformers 5.24 (a tiny random instance of it: processor,
+`get_vllm_embedding`, the LM): see the README's MiniCPM-o section.
 
-Vision features are reused at the exact level: the encoder's output for a request's images
-(`vision_hidden_states`, from the model's own `get_vllm_embedding`) is kept in a FrameCache keyed by a hash of
-the preprocessed pixels and the model name, and handed back to `generate(vision_hidden_states=...)`, which then
-skips the vision encoder. The language model still prefills the whole prompt (this engine keeps no prefix KV).
+**Vision only, never the audio path.** The model is loaded with `init_audio=False, init_tts=False`, so it has no
+`apm`; its `generate()` and `chat()` always go through `get_omni_embedding` -> `get_audio_embedding` -> `self.apm`
+and fail (AttributeError) on the first request. This engine therefore never calls them: it builds each row's
+`inputs_embeds` itself with the model's `get_vllm_embedding` (vision encoder + resampler, features scattered
+over the processor's `image_bound`) and decodes the inner Qwen3 LM (`model.llm`) with the shared
+`BatchDecoder`, so rows batch, sample, follow a grammar and stop like any other model's. The prompt is built
+as `chat()` builds it: `<image>./</image>` per image, the Qwen3 template with `enable_thinking=False` (an empty
+think block opens the reply), the model's processor (image ids, 448 px slices).
+
+**Vision reuse** is at the exact level: the vision features (`vision_hidden_states`) of a request's images are
+kept in a FrameCache keyed by a hash of the preprocessed pixels and the model; a new question about the same
+frame skips the vision encoder (the LM still prefills the whole prompt).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
-from transformers import LogitsProcessorList
 
-from inference_worker.engines.base import Engine, EngineStats, Prepared
-from inference_worker.engines.hf.sampling import finish_reason, generate_kwargs, seed_generation, trim_at_eos
-from inference_worker.engines.hf.special_tokens import escaper_for
-from inference_worker.engines.hf.engine import apply_num_threads, grammar_facts, release_cuda_cache
+from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, run_one
+from inference_worker.engines.hf.batch_decode import BatchDecoder, PromptInputs, Row, RowResult, can_merge_caches
+from inference_worker.engines.hf.engine import apply_num_threads, release_cuda_cache
 from inference_worker.engines.hf.frame_cache import FrameCache, content_key, tensor_nbytes
-from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
+from inference_worker.engines.hf.sampling import finish_reason, trim_at_eos
+from inference_worker.engines.hf.special_tokens import escaper_for
+from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message, ProtocolError
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from inference_worker.engines.hf.loading import LoadedModel
     from inference_worker.engines.hf.grammar import SchemaGrammars
+    from inference_worker.engines.hf.loading import LoadedModel
 
 IMAGE_PLACEHOLDER = "<image>./</image>"   # what chat() puts where an image was
-MAX_INPUT_TOKENS = 8192                   # chat()'s default max_inp_length
+MAX_INPUT_TOKENS = 8192                   # chat()'s default max_inp_length (it truncates; this engine refuses)
 DEFAULT_VISION_CACHE_BYTES = 256 * 1024 * 1024   # ~50 frames of MiniCPM-o 4.5 features (10 slices x 64 x 4096, bf16)
+#: packages the remote code imports only on paths DeskEye never takes (FlagOS kernels, reference audio, speech out)
+OPTIONAL_REMOTE_IMPORTS = frozenset({"flag_gems", "librosa", "soundfile"})
+REMOVED_MASK_UTILS = "transformers.modeling_attn_mask_utils"   # removed in transformers 5; modeling_navit_siglip imports it
+
+
+def is_minicpmo_config(config: dict[str, Any]) -> bool:
+    """Whether a checkpoint's config.json is MiniCPM-o's: model_type 'minicpmo', or its own code (auto_map) names
+    MiniCPMO (the AWQ build keeps both)."""
+    auto_map = config.get("auto_map") or {}
+    return config.get("model_type") == "minicpmo" or any("MiniCPMO" in str(v) for v in auto_map.values())
+
+
+# ---------------------------------------------------------------- loading the remote code on transformers 5
+
+def prepare_4d_attention_mask(mask: torch.Tensor, dtype: torch.dtype, tgt_len: int | None = None) -> torch.Tensor:
+    """transformers 4.x's `_prepare_4d_attention_mask`: a (batch, keys) 1/0 padding mask -> the additive
+    (batch, 1, queries, keys) mask: 0 where a key is attended, the dtype's minimum where it is padding."""
+    batch, num_keys = mask.shape
+    num_queries = num_keys if tgt_len is None else tgt_len
+    keep = mask[:, None, None, :].expand(batch, 1, num_queries, num_keys).to(torch.bool)
+    additive = torch.zeros((batch, 1, num_queries, num_keys), dtype=dtype, device=mask.device)
+    return additive.masked_fill(~keep, torch.finfo(dtype).min)
+
+
+@contextlib.contextmanager
+def remote_code_compat() -> Iterator[None]:
+    """While loading MiniCPM-o's remote code: provide the removed mask-utils module (only when transformers has
+    none) and leave the optional packages out of transformers' import check. Both are undone on exit."""
+    from transformers import dynamic_module_utils
+
+    with _mask_utils_module(), _optional_imports_unchecked(dynamic_module_utils):
+        yield
+
+
+@contextlib.contextmanager
+def _mask_utils_module() -> Iterator[None]:
+    if importlib.util.find_spec(REMOVED_MASK_UTILS) is not None:     # transformers 4.x: the real module
+        yield
+        return
+    shim = types.ModuleType(REMOVED_MASK_UTILS, "DeskEye's stand-in for a module transformers 5 removed")
+    shim._prepare_4d_attention_mask = prepare_4d_attention_mask
+    sys.modules[REMOVED_MASK_UTILS] = shim
+    try:
+        yield
+    finally:
+        if sys.modules.get(REMOVED_MASK_UTILS) is shim:
+            del sys.modules[REMOVED_MASK_UTILS]
+
+
+@contextlib.contextmanager
+def _optional_imports_unchecked(dynamic_module_utils) -> Iterator[None]:
+    get_imports = dynamic_module_utils.get_imports       # check_imports looks it up at call time
+
+    def required_imports(filename):
+        return [name for name in get_imports(filename) if name not in OPTIONAL_REMOTE_IMPORTS]
+    dynamic_module_utils.get_imports = required_imports
+    try:
+        yield
+    finally:
+        dynamic_module_utils.get_imports = get_imports
+
+
+def _with_post_init(model_class: type) -> type:
+    """`model_class` whose __init__ ends with `post_init()` when the remote one did not call it."""
+    class VisionOnly(model_class):
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            if not hasattr(self, "all_tied_weights_keys"):
+                self.post_init()
+    VisionOnly.__name__, VisionOnly.__qualname__ = model_class.__name__, model_class.__qualname__
+    VisionOnly.__module__ = model_class.__module__
+    return VisionOnly
+
+
+def restore_position_tables(model: Any) -> int:
+    """Recompute the resamplers' 2-D position tables (non-persistent buffers that transformers 5's from_pretrained
+    leaves uninitialised), on the CPU as at construction; returns how many were restored."""
+    resamplers = [m for m in model.modules() if callable(getattr(m, "_set_2d_pos_cache", None))]
+    for resampler in resamplers:
+        resampler._set_2d_pos_cache(resampler.max_size, device="cpu")
+    if hasattr(model, "resampler") and not resamplers:
+        raise AttributeError("the resampler has no _set_2d_pos_cache to rebuild its position table with")
+    return len(resamplers)
 
 
 def load_minicpmo_parts(path: Path, *, dtype, attn_implementation: str, device, step: Callable[[], None]):
     """The processor (with its tokenizer) and the vision+language part of the model, on `device`."""
-    from transformers import AutoModel, AutoProcessor
+    from transformers import AutoConfig, AutoProcessor
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-    processor = AutoProcessor.from_pretrained(path, trust_remote_code=True)
-    step()
-    try:
-        model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype,
-                                          attn_implementation=attn_implementation,
-                                          init_vision=True, init_audio=False, init_tts=False)
-    except (AttributeError, TypeError, NameError) as exc:     # remote code written for another transformers
-        raise _remote_code_error(exc) from None
+    with remote_code_compat():
+        try:
+            processor = AutoProcessor.from_pretrained(path, trust_remote_code=True)
+            step()
+            config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+            model_class = _with_post_init(get_class_from_dynamic_module(config.auto_map["AutoModel"], path))
+            model = model_class.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
+                                                init_vision=True, init_audio=False, init_tts=False)
+            restore_position_tables(model)
+        except (ImportError, AttributeError, TypeError, NameError, KeyError) as exc:   # code for another transformers
+            raise _remote_code_error(path, exc) from None
     step()
     model = model.to(device).eval()
     model.processor = processor          # chat() would otherwise load it again from config._name_or_path
@@ -59,21 +168,39 @@ def load_minicpmo_parts(path: Path, *, dtype, attn_implementation: str, device, 
     return model, processor
 
 
-def _remote_code_error(exc: Exception):
+def _remote_code_error(path: Path, exc: Exception):
     import transformers
 
     from inference_worker.engines.hf.loading import ModelLoadError
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())
     return ModelLoadError(
-        f"MiniCPM-o's own model code failed under transformers {transformers.__version__}: {exc}. "
-        "The official code targets transformers 4.51; use a revision ported to transformers 5 (see the "
-        "model page), or openbmb/MiniCPM-V-4.6, which transformers supports natively.")
+        f"MiniCPM-o's own model code in {path} does not load under transformers {transformers.__version__} even "
+        f"with DeskEye's compatibility layer ({what}); use the official openbmb/MiniCPM-o-4_5 revision, or "
+        "openbmb/MiniCPM-V-4.6, which transformers supports natively.")
+
+
+# ---------------------------------------------------------------- the engine
+
+@dataclass
+class MiniCPMOInputs:
+    """A request as the processor made it (on a preprocessing thread)."""
+    input_ids: torch.Tensor          # (1, n) int64
+    pixel_values: list               # the row's slices: (3, patch, n * patch) strips
+    tgt_sizes: Any                   # (num_slices, 2) int tensor, or [] without images
+    image_bound: torch.Tensor        # (num_slices, 2): [start, end) of each slice's <unk> run
+    num_images: int
+    vision_key: bytes | None         # FrameCache key of the preprocessed pixels; None without images or cache
 
 
 class MiniCPMOEngine(Engine):
     kind = "minicpmo"
+    can_batch = True
 
     def __init__(self, model: Any, processor: Any, *, model_name: str, use_grammar: bool = True,
-                 num_threads: int | None = None, vision_cache_bytes: int = DEFAULT_VISION_CACHE_BYTES):
+                 num_threads: int | None = None, vision_cache_bytes: int = DEFAULT_VISION_CACHE_BYTES,
+                 keep_logits: bool = False):
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1 (or None for torch's default); got {num_threads}.")
         self.model = model
         self.processor = processor
         self.tokenizer = processor.tokenizer
@@ -86,6 +213,8 @@ class MiniCPMOEngine(Engine):
         self.escape_text = escaper_for(self.tokenizer, processor)
         #: vision_hidden_states per set of preprocessed images (exact level only; 0 bytes = off)
         self.frame_cache = FrameCache(vision_cache_bytes, similar_threshold=None)
+        self.decoder = BatchDecoder(model.llm, eos_token_ids=self.eos_token_ids, grammars=self._schema_grammars,
+                                    can_merge=can_merge_caches(model.llm), keep_logits=keep_logits)
 
     @classmethod
     def from_loaded(cls, loaded: "LoadedModel", **options: Any) -> "MiniCPMOEngine":
@@ -95,64 +224,52 @@ class MiniCPMOEngine(Engine):
     def device(self) -> torch.device:
         return self.model.device
 
+    # ------------------------------------------------------------ the contract
+
     def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
-        """Template, processor and the frame's vision key, on a preprocessing thread."""
+        """Template, processor and the frame's vision key, on a preprocessing thread (as chat() prepares)."""
         msgs = chat_messages(request.messages, self.escape_text)
         prompt = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
                                                     enable_thinking=False)
         rgb = [img if img.mode == "RGB" else img.convert("RGB") for img in images]
-        inputs = self.processor([prompt], [rgb], return_tensors="pt", max_length=MAX_INPUT_TOKENS)
-        vision_key = self._vision_key(inputs) if rgb and self.frame_cache.is_enabled else None
-        return Prepared(request, images, (inputs, vision_key))
+        batch = self.processor([prompt], [rgb], None, None, max_slice_nums=None, use_image_id=None,
+                               return_tensors="pt", max_length=None)
+        input_ids = batch["input_ids"].long()
+        if input_ids.shape[1] > MAX_INPUT_TOKENS:
+            raise ProtocolError(f"The prompt is {input_ids.shape[1]} tokens long, more than MiniCPM-o's "
+                                f"{MAX_INPUT_TOKENS}: send fewer or smaller images, a shorter question or fewer "
+                                "earlier turns.")
+        inputs = MiniCPMOInputs(input_ids, batch["pixel_values"][0], batch["tgt_sizes"][0], batch["image_bound"][0],
+                                num_images=len(rgb), vision_key=None)
+        if rgb and self.frame_cache.is_enabled:
+            inputs.vision_key = content_key(self.model_name, inputs.pixel_values, inputs.tgt_sizes)
+        return Prepared(request, images, inputs)
+
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
+        """Embed every row (the vision encoder runs only for frames not cached), then decode them together."""
+        apply_num_threads(self.num_threads)
+        rows: list[Row] = []
+        owners: list[tuple[int, str]] = []           # per decoder row: (index in `items`, vision reuse level)
+        for index, item in enumerate(items):
+            try:
+                embeds, reuse = self._embed(item.inputs)
+            except Exception as exc:  # noqa: BLE001 - a row the model cannot embed fails alone
+                on_done(index, exc)
+                continue
+            ids = item.inputs.input_ids.to(self.device)
+            prompt = PromptInputs(ids[:, :0], ids, {}, num_images=item.inputs.num_images, inputs_embeds=embeds)
+            rows.append(Row(prompt, item.request.sampling,
+                            item.request.json_schema if self.use_grammar else None))
+            owners.append((index, reuse))
+        if rows:
+            self.decoder.run(rows, lambda row, result: on_done(owners[row][0], result if isinstance(
+                result, Exception) else self._completion(result, owners[row][1])))
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
-        return self.complete_prepared(self.prepare(request, images))
-
-    def complete_prepared(self, item: Prepared) -> Completion:
-        """One request through the model's own generate (this engine answers a batch row by row)."""
-        apply_num_threads(self.num_threads)
-        request, (inputs, vision_key) = item.request, item.inputs
-        inputs = inputs.to(self.device)
-        inputs.pop("image_sizes", None)
-        grammar = self._grammar_processor(request)
-        seed_generation(request.sampling)
-        with torch.inference_mode():
-            vision_hidden_states, reuse = self._vision_features(inputs, vision_key, has_images=bool(item.images))
-            _, outputs = self.model.generate(
-                **inputs, tokenizer=self.tokenizer, stream=False, vision_hidden_states=vision_hidden_states,
-                **generate_kwargs(request.sampling),
-                logits_processor=LogitsProcessorList([grammar] if grammar else []))
-        # generate starts from inputs_embeds, so sequences hold only the generated tokens
-        token_ids, is_eos = trim_at_eos(outputs.sequences[0].tolist(), self.eos_token_ids)
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return Completion(text=text, finish_reason=finish_reason(is_eos),
-                          prompt_tokens=int(inputs["input_ids"].shape[1]), completion_tokens=len(token_ids),
-                          extra={**grammar_facts(grammar), "kv_cache": reuse})
-
-    def _vision_key(self, inputs) -> bytes:
-        """The exact-level key of a request's images: its preprocessed pixels (hashed on the CPU, before they move
-        to the device) and the model."""
-        return content_key(self.model_name, inputs["pixel_values"], inputs["tgt_sizes"])
-
-    def _vision_features(self, inputs, key: bytes | None, *, has_images: bool) -> tuple[Any, str]:
-        """(vision_hidden_states for generate, or None to let it run the vision encoder; how they were reused:
-        "exact" | "miss" | "off" (cache off) | "none" (request without images))."""
-        if not has_images:
-            return None, "none"
-        if key is None:
-            return None, "off"
-        cached = self.frame_cache.lookup(key, key, None).value
-        if cached is not None:
-            return cached, "exact"
-        data = {name: inputs[name] for name in ("input_ids", "pixel_values", "tgt_sizes", "image_bound")}
-        _, vision_hidden_states = self.model.get_vllm_embedding(data)        # runs the vision encoder once
-        self.frame_cache.put(key, key, None, vision_hidden_states, tensor_nbytes(vision_hidden_states))
-        return vision_hidden_states, "miss"
+        return run_one(self, self.prepare(request, images))
 
     def stats(self) -> EngineStats:
         cache = self.frame_cache
-        if cache is None:
-            return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls)
         return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls, kv_bytes=cache.num_bytes,
                            kv_entries=cache.num_entries, kv_evictions=cache.num_evictions)
 
@@ -161,18 +278,53 @@ class MiniCPMOEngine(Engine):
 
     def close(self) -> None:
         self.frame_cache.clear()
-        self.model = None
+        self.model = self.decoder = None
         self.grammars = None
         self.num_cuda_empty_cache_calls += release_cuda_cache()
 
-    def _grammar_processor(self, request: ChatRequest):
-        if request.json_schema is None or not self.use_grammar:
-            return None
+    # ------------------------------------------------------------ helpers
+
+    def _embed(self, inputs: MiniCPMOInputs) -> tuple[torch.Tensor, str]:
+        """The row's (1, n, hidden) inputs_embeds from the model's own get_vllm_embedding, and how its vision
+        features were had: "exact" (cached) | "miss" (encoded and kept) | "off" (cache off) | "none" (no image)."""
+        data: dict[str, Any] = {"input_ids": inputs.input_ids.to(self.device), "image_bound": [inputs.image_bound]}
+        cached = self.frame_cache.lookup(inputs.vision_key, inputs.vision_key, None).value \
+            if inputs.vision_key is not None else None
+        if cached is not None:
+            data["vision_hidden_states"] = [cached]
+        else:
+            data["pixel_values"] = [[strip.to(self.device) for strip in inputs.pixel_values]]
+            data["tgt_sizes"] = [inputs.tgt_sizes.to(self.device) if torch.is_tensor(inputs.tgt_sizes) else []]
+        with torch.inference_mode():
+            embeds, vision_hidden_states = self.model.get_vllm_embedding(data)
+        if not inputs.num_images:
+            return embeds, "none"
+        if cached is not None:
+            return embeds, "exact"
+        if inputs.vision_key is None:
+            return embeds, "off"
+        features = vision_hidden_states[0]
+        self.frame_cache.put(inputs.vision_key, inputs.vision_key, None, features, tensor_nbytes(features))
+        return embeds, "miss"
+
+    def _completion(self, result: RowResult, vision_reuse: str) -> Completion:
+        token_ids, is_eos = trim_at_eos(result.token_ids, self.eos_token_ids)
+        extra: dict[str, Any] = {"constrained": result.is_constrained, "kv_cache": vision_reuse,
+                                 "batch_size": result.batch_size,
+                                 "timing": {"ttft_ms": round(result.ttft_s * 1000, 3),
+                                            "decode_ms": round(result.decode_s * 1000, 3)}}
+        if result.is_constrained:
+            extra["grammar_ms"] = round(result.grammar_s * 1000, 3)
+        return Completion(text=self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                          finish_reason=finish_reason(is_eos), prompt_tokens=result.prompt_tokens,
+                          completion_tokens=len(token_ids), extra=extra)
+
+    def _schema_grammars(self) -> "SchemaGrammars":
         if self.grammars is None:
             from inference_worker.engines.hf.grammar import SchemaGrammars
             vocab_size = self.model.llm.get_output_embeddings().weight.shape[0]
             self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
-        return self.grammars.logits_processor(request.json_schema)
+        return self.grammars
 
 
 def chat_messages(messages: tuple[Message, ...],
