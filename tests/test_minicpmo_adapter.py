@@ -14,6 +14,7 @@ it decodes through the shared batch decoder equal their solo runs.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import threading
@@ -412,6 +413,39 @@ def test_a_checkpoint_without_its_model_code_is_reported_as_incomplete(fresh_cop
     (fresh_copy / "modeling_minicpmo.py").unlink()
     with pytest.raises(ModelLoadError, match=r"incomplete.*own model code \(modeling_minicpmo\.py\)"):
         load_transformers_engine(str(fresh_copy), device="cpu", progress=False)
+
+
+# ---------------------------------------------------------------- the official code, where it is given
+
+OFFICIAL_CODE = os.environ.get("DESKEYE_MINICPMO_OFFICIAL_CODE", "")
+
+
+@pytest.mark.skipif(not OFFICIAL_CODE, reason="set DESKEYE_MINICPMO_OFFICIAL_CODE to the official MiniCPMO45/ "
+                    "folder (github.com/OpenBMB/MiniCPM-o-Demo, Apache-2.0) to run its own code here")
+def test_the_official_code_runs_vision_only_and_batched(tmp_path, monkeypatch):
+    """Opt-in (the official files are not in this repository): the same checks on OpenBMB's own modeling code,
+    tiny and random: it loads through the adapter, its chat() fails on the audio path, and batched rows equal
+    solo ones."""
+    folder = build_minicpmo_standin(tmp_path / "official", code_dir=OFFICIAL_CODE, vision_only=True)
+    official = load_transformers_engine(str(folder), device="cpu", num_threads=1, progress=False)
+    try:
+        assert type(official.model).__module__.startswith("transformers_modules.")
+        assert not hasattr(official.model, "apm")
+        requests = [chat_request("What is on this screen?", RED, max_tokens=8),
+                    chat_request("Which window?", SCREEN, max_tokens=6),
+                    chat_request("Wide", WIDE, max_tokens=7, temperature=0.9, seed=3),
+                    chat_request("Describe", BLUE, deskeye_schema=True, max_tokens=20),
+                    chat_request("Text only", max_tokens=5)]
+        with pytest.raises(AttributeError, match="apm"):
+            official.model.chat(msgs=[{"role": "user", "content": [requests[0][1][0], "hi"]}],
+                                tokenizer=official.tokenizer, max_new_tokens=2)
+        solo = [decoded_rows(official, [r], monkeypatch)[0] for r in requests]
+        together = decoded_rows(official, requests, monkeypatch)
+        for index, (alone, _) in enumerate(solo):
+            assert_same_decoding(together[index][0], alone, f"row {index}")
+            assert together[index][0].batch_size == len(requests)
+    finally:
+        official.close()
 
 
 # ---------------------------------------------------------------- through the worker process

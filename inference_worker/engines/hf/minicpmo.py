@@ -62,7 +62,8 @@ MAX_INPUT_TOKENS = 8192                   # chat()'s default max_inp_length (it 
 DEFAULT_VISION_CACHE_BYTES = 256 * 1024 * 1024   # ~50 frames of MiniCPM-o 4.5 features (10 slices x 64 x 4096, bf16)
 #: packages the remote code imports only on paths DeskEye never takes (FlagOS kernels, reference audio, speech out)
 OPTIONAL_REMOTE_IMPORTS = frozenset({"flag_gems", "librosa", "soundfile"})
-REMOVED_MASK_UTILS = "transformers.modeling_attn_mask_utils"   # removed in transformers 5; modeling_navit_siglip imports it
+#: removed in transformers 5; the remote modeling_navit_siglip.py imports it
+REMOVED_MASK_UTILS = "transformers.modeling_attn_mask_utils"
 
 
 def is_minicpmo_config(config: dict[str, Any]) -> bool:
