@@ -280,18 +280,20 @@ def test_it_answers_about_the_image(engine):
     assert engine.complete(red, red_images).text == answer.text                                # greedy is greedy
 
 
-def test_batched_rows_equal_their_solo_runs(engine, monkeypatch):
+def test_batched_rows_equal_their_solo_runs(engine, monkeypatch, vision_encoder_runs):
     """Greedy, sampled, grammar-constrained, sliced, mixed-size-sliced and text-only rows decoded together give
-    each row the tokens and logits (1e-5) it gets alone, each with its own token limit."""
+    each row the tokens and logits (1e-5) it gets alone, each with its own token limit; the four rows' images
+    go through the vision encoder in one call."""
     requests = [chat_request("What is on this screen?", RED, max_tokens=12),
                 chat_request("Which window has focus?", SCREEN, max_tokens=5),
                 chat_request("List the buttons.", WIDE, max_tokens=9, temperature=0.9, top_p=0.9, seed=7),
                 chat_request("Describe it.", BLUE, deskeye_schema=True, max_tokens=40),
                 chat_request("Any errors shown?", max_tokens=7)]
     solo = [decoded_rows(engine, [r], monkeypatch)[0] for r in requests]
+    assert len(vision_encoder_runs) == 4
     together = decoded_rows(engine, requests, monkeypatch)
 
-    assert sorted(together) == list(range(len(requests)))
+    assert sorted(together) == list(range(len(requests))) and len(vision_encoder_runs) == 5
     for index, (alone, reuse) in enumerate(solo):
         batched, batched_reuse = together[index]
         assert_same_decoding(batched, alone, f"row {index}")
@@ -300,14 +302,32 @@ def test_batched_rows_equal_their_solo_runs(engine, monkeypatch):
     assert [len(together[i][0].token_ids) for i in (1, 2, 4)] == [5, 9, 7]
 
 
-def test_a_row_that_cannot_be_embedded_fails_alone(engine, monkeypatch):
-    good, good_images = chat_request(image_png=RED, max_tokens=4)
+def test_a_row_that_cannot_be_embedded_fails_alone_even_when_its_callback_raises(engine):
     bad, bad_images = chat_request(image_png=BLUE, max_tokens=4)
-    items = [engine.prepare(good, good_images), engine.prepare(bad, bad_images)]
-    items[1].inputs.image_bound = items[1].inputs.image_bound + 10_000          # points past the prompt
+    good, good_images = chat_request(image_png=RED, max_tokens=4)
+    items = [engine.prepare(bad, bad_images), engine.prepare(good, good_images)]
+    items[0].inputs.image_bound = items[0].inputs.image_bound + 10_000          # points past the prompt
+    answers = {}
+
+    def on_done(index, answer):
+        answers[index] = answer
+        if index == 0:
+            raise RuntimeError("a callback that fails")
+    engine.run_batch(items, on_done)
+    assert isinstance(answers[0], Exception) and "out of bounds" in str(answers[0])
+    assert 1 <= answers[1].completion_tokens <= 4
+
+
+def test_a_row_whose_images_break_the_shared_vision_call_fails_alone(engine, vision_encoder_runs):
+    requests = [chat_request(image_png=RED, max_tokens=3), chat_request(image_png=BLUE, max_tokens=3),
+                chat_request(image_png=SCREEN, max_tokens=3)]
+    items = [engine.prepare(r, images) for r, images in requests]
+    items[1].inputs.tgt_sizes = items[1].inputs.tgt_sizes[:, :1]          # slice sizes without their widths
     answers = {}
     engine.run_batch(items, lambda index, answer: answers.__setitem__(index, answer))
-    assert isinstance(answers[1], Exception) and answers[0].completion_tokens == 4
+    assert isinstance(answers[1], Exception)
+    assert [answers[i].completion_tokens >= 1 for i in (0, 2)] == [True, True]
+    assert len(vision_encoder_runs) == 2      # the shared call failed before the encoder; rows 0 and 2 alone
 
 
 def test_special_token_strings_in_request_text_stay_text(engine, monkeypatch):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import sys
 import types
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 
     from inference_worker.engines.hf.grammar import SchemaGrammars
     from inference_worker.engines.hf.loading import LoadedModel
+
+log = logging.getLogger("deskeye.worker")
 
 IMAGE_PLACEHOLDER = "<image>./</image>"   # what chat() puts where an image was
 MAX_INPUT_TOKENS = 8192                   # chat()'s default max_inp_length (it truncates; this engine refuses)
@@ -247,15 +250,17 @@ class MiniCPMOEngine(Engine):
         return Prepared(request, images, inputs)
 
     def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
-        """Embed every row (the vision encoder runs only for frames not cached), then decode them together."""
+        """Embed every row (one vision-encoder call for the frames not cached), then decode them together."""
         apply_num_threads(self.num_threads)
+        cached = [self._cached_features(item.inputs) for item in items]
+        encoded = self._encode_together([item.inputs for item in items], cached)
         rows: list[Row] = []
         owners: list[tuple[int, str]] = []           # per decoder row: (index in `items`, vision reuse level)
         for index, item in enumerate(items):
             try:
-                embeds, reuse = self._embed(item.inputs)
+                embeds, reuse = self._embed(item.inputs, cached[index], encoded.get(index))
             except Exception as exc:  # noqa: BLE001 - a row the model cannot embed fails alone
-                on_done(index, exc)
+                _answer(on_done, index, exc)
                 continue
             ids = item.inputs.input_ids.to(self.device)
             prompt = PromptInputs(ids[:, :0], ids, {}, num_images=item.inputs.num_images, inputs_embeds=embeds)
@@ -285,14 +290,38 @@ class MiniCPMOEngine(Engine):
 
     # ------------------------------------------------------------ helpers
 
-    def _embed(self, inputs: MiniCPMOInputs) -> tuple[torch.Tensor, str]:
+    def _cached_features(self, inputs: MiniCPMOInputs) -> torch.Tensor | None:
+        if inputs.vision_key is None:
+            return None
+        return self.frame_cache.lookup(inputs.vision_key, inputs.vision_key, None).value
+
+    def _encode_together(self, rows: list[MiniCPMOInputs], cached: list) -> dict[int, torch.Tensor]:
+        """{row: its vision features} from ONE call of the model's vision encoder over the images of every row not
+        cached (the model pads and masks slices of different sizes); {} when fewer than two rows need the encoder,
+        or when that call fails: then each row encodes its own images, and a bad one fails alone."""
+        need = [i for i, row in enumerate(rows) if row.num_images and cached[i] is None]
+        if len(need) < 2:
+            return {}
+        data = {"pixel_values": [[strip.to(self.device) for strip in rows[i].pixel_values] for i in need],
+                "tgt_sizes": [rows[i].tgt_sizes.to(self.device) for i in need]}
+        try:
+            with torch.inference_mode():
+                features = self.model.get_vision_embedding(data)
+        except Exception:  # noqa: BLE001 - retried row by row, where the failing row fails alone
+            log.warning("encoding %d rows' images together failed; encoding them one by one", len(need),
+                        exc_info=True)
+            return {}
+        return dict(zip(need, features))
+
+    def _embed(self, inputs: MiniCPMOInputs, cached: torch.Tensor | None,
+               encoded: torch.Tensor | None = None) -> tuple[torch.Tensor, str]:
         """The row's (1, n, hidden) inputs_embeds from the model's own get_vllm_embedding, and how its vision
-        features were had: "exact" (cached) | "miss" (encoded and kept) | "off" (cache off) | "none" (no image)."""
+        features were had: "exact" (cached) | "miss" (encoded and kept) | "off" (cache off) | "none" (no image).
+        `encoded`: this row's features when they were encoded together with other rows'."""
         data: dict[str, Any] = {"input_ids": inputs.input_ids.to(self.device), "image_bound": [inputs.image_bound]}
-        cached = self.frame_cache.lookup(inputs.vision_key, inputs.vision_key, None).value \
-            if inputs.vision_key is not None else None
-        if cached is not None:
-            data["vision_hidden_states"] = [cached]
+        features = cached if cached is not None else encoded
+        if features is not None:
+            data["vision_hidden_states"] = [features]
         else:
             data["pixel_values"] = [[strip.to(self.device) for strip in inputs.pixel_values]]
             data["tgt_sizes"] = [inputs.tgt_sizes.to(self.device) if torch.is_tensor(inputs.tgt_sizes) else []]
@@ -326,6 +355,14 @@ class MiniCPMOEngine(Engine):
             vocab_size = self.model.llm.get_output_embeddings().weight.shape[0]
             self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
         return self.grammars
+
+
+def _answer(on_done: OnDone, index: int, answer: "Completion | Exception") -> None:
+    """on_done for one row; a callback that raises is that row's problem, not its neighbours'."""
+    try:
+        on_done(index, answer)
+    except Exception:  # noqa: BLE001
+        log.exception("the completion callback of batch row %d failed; the other rows go on", index)
 
 
 def chat_messages(messages: tuple[Message, ...],
