@@ -161,7 +161,8 @@ def load_minicpmo_parts(path: Path, *, dtype, attn_implementation: str, device, 
             config = AutoConfig.from_pretrained(path, trust_remote_code=True)
             model_class = _with_post_init(get_class_from_dynamic_module(config.auto_map["AutoModel"], path))
             model = model_class.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
-                                                init_vision=True, init_audio=False, init_tts=False)
+                                                init_vision=True, init_audio=False, init_tts=False,
+                                                device_map=str(device) if device.type == "cuda" else None)  # ~19 GB
             restore_position_tables(model)
         except (ImportError, AttributeError, TypeError, NameError, KeyError) as exc:   # code for another transformers
             raise _remote_code_error(path, exc) from None
