@@ -12,7 +12,7 @@ import math
 import re
 import threading
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -25,6 +25,7 @@ class WorkerMetrics:
     """Every metric the worker exports. One instance per worker, shared by the HTTP and model threads."""
 
     def __init__(self):
+        disable_created_metrics()       # no *_created series: a start time per series is noise for one worker
         self.registry = CollectorRegistry(auto_describe=True)
         self._totals_lock = threading.Lock()
         self._totals: dict[int, float] = {}          # id(counter) -> the total advance_to last reached
