@@ -289,7 +289,8 @@ class App:
         frame = job.frame or self._user_frame()
         if frame is None:
             return
-        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns())
+        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(),
+                                 on_text=self._show_growing)
         self.change.mark_described(frame.image)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
         self._show("answer", answer.summary, answer.key_objects)   # a changed screen is shown too
@@ -310,7 +311,8 @@ class App:
         max_tokens = None
         if deep:
             max_tokens = min(self.settings.worker.max_tokens * DEEP_MAX_TOKENS_FACTOR, MAX_REQUEST_TOKENS)
-        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens)
+        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens,
+                                 on_text=self._show_growing)
         self._remember(job.question, answer)
         self._show("answer", answer.summary, answer.key_objects)
         if deep:
@@ -356,6 +358,10 @@ class App:
             self.hooks.fire(description)
 
     # ------------------------------------------------------------------ display
+
+    def _show_growing(self, summary: str) -> None:
+        """The answer's summary while the worker is still generating it (streamed)."""
+        self._show("answer", summary)
 
     def _show(self, kind: str, text: str = "", key_objects=()) -> None:
         if self.overlay is None:
