@@ -290,7 +290,7 @@ class App:
         if frame is None:
             return
         answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(),
-                                 on_text=self._show_growing)
+                                 on_text=self._show_growing if job.is_user else None)
         self.change.mark_described(frame.image)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
         self._show("answer", answer.summary, answer.key_objects)   # a changed screen is shown too
@@ -311,8 +311,7 @@ class App:
         max_tokens = None
         if deep:
             max_tokens = min(self.settings.worker.max_tokens * DEEP_MAX_TOKENS_FACTOR, MAX_REQUEST_TOKENS)
-        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens,
-                                 on_text=self._show_growing)
+        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens)
         self._remember(job.question, answer)
         self._show("answer", answer.summary, answer.key_objects)
         if deep:
@@ -360,8 +359,10 @@ class App:
     # ------------------------------------------------------------------ display
 
     def _show_growing(self, summary: str) -> None:
-        """The answer's summary while the worker is still generating it (streamed)."""
-        self._show("answer", summary)
+        """The answer's summary while the worker is still generating it (streamed; shown as "thinking" until
+        the whole answer is in)."""
+        if self.overlay is not None and summary:
+            self.overlay.show_thinking(f"{summary}…")
 
     def _show(self, kind: str, text: str = "", key_objects=()) -> None:
         if self.overlay is None:
