@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference_worker.errors import ConfigError  # noqa: F401 - re-exported: the CLI imports it from here
+
 ENGINES = ("auto", "ocr", "transformers")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -25,10 +27,6 @@ DEFAULT_MAX_CONNECTIONS = 64                       # HTTP requests served at onc
 DEFAULT_BODY_TIMEOUT_S = 10.0                      # a body must arrive this fast (loopback: milliseconds)
 LISTEN_BACKLOG = 128                               # connections the kernel queues before accept()
 DEFAULT_KV_SIMILAR_THRESHOLD = 0.002               # share of 64x48 cells that may differ for a similar hit
-
-
-class ConfigError(ValueError):
-    """A worker option with a bad value; the message names the flag and what it accepts."""
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The worker's errors: what a client did wrong (ProtocolError, 4xx) or what the worker could not do for an
-accepted request (ServiceError, 5xx and 503 back-pressure). Every message is for the user: it says what was
-wrong and how to fix it. On the wire each becomes OpenAI's error shape `{"error": {...}}` (`to_body`)."""
+accepted request (ServiceError, 5xx and 503 back-pressure), and why the worker could not start (ConfigError,
+WorkerStartError). Every message is for the user: it says what was wrong and how to fix it. On the wire each
+request error becomes OpenAI's error shape `{"error": {...}}` (`to_body`)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,11 @@ class CancelledError(ServiceError):
 
     def __init__(self, reason: str):
         super().__init__(f"The request was cancelled ({reason}).", status=499, code="cancelled")
+
+
+class ConfigError(ValueError):
+    """A worker option with a bad value; the message names the flag and what it accepts."""
+
+
+class WorkerStartError(RuntimeError):
+    """The worker could not start or its engine could not load; the message is for the user."""

@@ -65,7 +65,9 @@ def test_streamed_free_text_equals_the_answer_without_streaming(tiny_worker):
 
 @pytest.fixture(scope="module")
 def ocr_worker(tmp_path_factory):
-    with running_worker(["--engine", "ocr"], tmp_path_factory.mktemp("ocr_worker")) as handle:
+    """The OCR engine, serving at most 3 requests at once; a body must arrive within 5 s."""
+    args = ["--engine", "ocr", "--max-connections", "3", "--body-timeout-s", "5"]
+    with running_worker(args, tmp_path_factory.mktemp("ocr_worker")) as handle:
         yield handle
 
 
@@ -198,6 +200,53 @@ def test_a_streamed_schema_answer_that_fails_validation_ends_with_an_error_event
     assert after['deskeye_worker_streams_total{outcome="error"}'] - \
         before.get('deskeye_worker_streams_total{outcome="error"}', 0) == 1
     assert after["deskeye_worker_retries_total"] == before["deskeye_worker_retries_total"]
+
+
+def test_a_client_that_closes_its_stream_cancels_the_request(tiny_worker):
+    before = tiny_worker.metrics()
+    stream = tiny_worker.openai_client().chat.completions.create(
+        model="deskeye", max_tokens=1024, temperature=0, stream=True,
+        messages=[{"role": "user", "content": "Tell me a very long story."}])
+    first = [next(stream) for _ in range(3)]
+    assert streamed_text(first)
+    stream.close()                             # the client goes away mid-answer
+    key = 'deskeye_worker_streams_total{outcome="cancelled"}'
+    deadline = time.monotonic() + 30
+    while tiny_worker.metrics().get(key, 0) == before.get(key, 0):
+        assert time.monotonic() < deadline, "the closed stream was never cancelled"
+        time.sleep(0.05)
+    after = tiny_worker.metrics()
+    assert after['deskeye_worker_cancelled_total{stage="decoding"}'] - \
+        before.get('deskeye_worker_cancelled_total{stage="decoding"}', 0) == 1
+    assert tiny_worker.request("POST", CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})[0] == 200
+
+
+def open_slow_request(worker: WorkerHandle) -> socket.socket:
+    """A request whose body never comes: it holds one of the worker's request slots until --body-timeout-s."""
+    sock = socket.create_connection((worker.host, worker.port), timeout=30)
+    sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{worker.port}\r\nAuthorization: Bearer {worker.api_key}"
+                 "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode())
+    return sock
+
+
+def test_more_open_requests_than_max_connections_get_503_and_health_still_answers(ocr_worker):
+    slow = [open_slow_request(ocr_worker) for _ in range(3)]
+    try:
+        time.sleep(0.5)                        # all three are being read
+        status, body = ocr_worker.request("GET", "/v1/models")
+        assert status == 503 and body["error"]["type"] == "too_many_connections"
+        assert "--max-connections 3" in body["error"]["message"]
+        assert ocr_worker.request("GET", "/health", auth=False)[0] == 200     # probes are never refused
+        assert ocr_worker.request("GET", "/metrics")[0] == 200
+    finally:
+        for sock in slow:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while ocr_worker.request("GET", "/v1/models")[0] != 200:
+        assert time.monotonic() < deadline, "the slots were not freed when the slow clients left"
+        time.sleep(0.05)
+    metrics = ocr_worker.metrics()
+    assert metrics['deskeye_worker_rejected_busy_total{reason="too_many_connections"}'] >= 1
 
 
 # ---------------------------------------------------------------- transport

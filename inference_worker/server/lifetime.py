@@ -20,6 +20,7 @@ import uvicorn
 
 from inference_worker.server.auth import default_state_file, new_api_key, remove_state_file, write_state_file
 from inference_worker.config import LISTEN_BACKLOG, WorkerConfig
+from inference_worker.errors import WorkerStartError
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.server.app import GateSettings, build_app, worker_url
 from inference_worker.server.routes import Routes
@@ -30,10 +31,6 @@ log = logging.getLogger("deskeye.worker")
 WAIT_INTERVAL_S = 0.2
 SHUTDOWN_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5.0
-
-
-class WorkerStartError(RuntimeError):
-    """The worker could not start or its engine could not load; the message is for the user."""
 
 
 def run_worker(config: WorkerConfig, stop: threading.Event, load: Callable | None = None) -> None:
