@@ -182,6 +182,46 @@ def test_a_request_whose_client_went_away_is_not_decoded(small_queue_worker):
     assert after["deskeye_worker_waiting_requests"] == 0
 
 
+@pytest.fixture(scope="module")
+def impatient_worker(tiny_idefics3_dir, tmp_path_factory) -> WorkerHandle:
+    """Answers within 1 s or not at all (504), one request at a time, up to 4096 tokens."""
+    args = ["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1",
+            "--request-timeout-s", "1", "--max-batch-size", "1", "--max-tokens-limit", "4096"]
+    with running_worker(args, tmp_path_factory.mktemp("impatient_worker")) as handle:
+        yield handle
+
+
+def test_timed_out_requests_get_504_and_are_cancelled_not_retried(impatient_worker):
+    """A 4096-token answer (greedy on this prompt: ~12 s here) outlives --request-timeout-s 1 while decoding; a
+    second request behind it times out while waiting and is dropped without being decoded."""
+    worker = impatient_worker
+    before = worker.metrics()
+    long_body = {"model": "deskeye", "max_tokens": 4096, "temperature": 0,
+                 "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    with ThreadPoolExecutor(2) as pool:
+        decoding = pool.submit(raw_post, worker, long_body)
+        time.sleep(0.1)
+        waiting = pool.submit(raw_post, worker, {**long_body, "max_tokens": 4})
+        answers = [decoding.result(), waiting.result()]
+    for status, _, body in answers:
+        assert status == 504 and "--request-timeout-s" in body["error"]["message"], body
+    key = "deskeye_worker_cancelled_total{{stage=\"{}\"}}"
+    deadline = time.monotonic() + 60
+    while True:                                # the long row ends (cut short by the engine, or at its limit)
+        after = worker.metrics()
+        ended = sum(v - before.get(k, 0) for k, v in after.items() if k.startswith("deskeye_worker_engine_calls"))
+        if ended >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert after[key.format("decoding")] - before.get(key.format("decoding"), 0) == 1
+    assert after[key.format("waiting")] - before.get(key.format("waiting"), 0) == 1
+    assert after['deskeye_worker_engine_calls_total{outcome="cancelled"}'] == ended == 1, \
+        "only the long request reached the model, and it ended as cancelled (never retried)"
+    assert after["deskeye_worker_retries_total"] == before["deskeye_worker_retries_total"]
+    status, _, body = raw_post(worker, {**long_body, "max_tokens": 2})
+    assert status == 200, body
+
+
 def test_a_streamed_schema_answer_that_fails_validation_ends_with_an_error_event(small_queue_worker):
     """Without the grammar a random model's JSON does not validate: the stream ends with an error event (the
     client raises it), after the text it already sent, and it is not retried (--max-retries 1 notwithstanding)."""
