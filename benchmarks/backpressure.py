@@ -92,7 +92,8 @@ def first_chunk_vs_whole(endpoint) -> dict:
     timed(False)                                            # warm up (frame cache is per frame: same for both)
     whole = [timed(False)[1] for _ in range(3)]
     streamed = [timed(True) for _ in range(3)]
-    return {"whole_answer_s": round(median(whole), 3), "stream_first_chunk_s": round(median([s[0] for s in streamed]), 3),
+    return {"whole_answer_s": round(median(whole), 3),
+            "stream_first_chunk_s": round(median([s[0] for s in streamed]), 3),
             "stream_total_s": round(median([s[1] for s in streamed]), 3)}
 
 

@@ -14,10 +14,10 @@ import sys
 import threading
 from pathlib import Path
 
-from inference_worker.config import (DEFAULT_BATCH_WINDOW_MS, DEFAULT_KV_CACHE_MB, DEFAULT_KV_SIMILAR_THRESHOLD,
-                                     DEFAULT_BODY_TIMEOUT_S, DEFAULT_LOAD_THRESHOLDS_PCT, DEFAULT_MAX_BODY_BYTES,
-                                     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
-                                     DEFAULT_MAX_TOKENS_LIMIT, DEVICES, DTYPES, ENGINES, ConfigError, WorkerConfig)
+from inference_worker.config import (DEFAULT_BATCH_WINDOW_MS, DEFAULT_BODY_TIMEOUT_S, DEFAULT_KV_CACHE_MB,
+                                     DEFAULT_KV_SIMILAR_THRESHOLD, DEFAULT_LOAD_THRESHOLDS_PCT, DEFAULT_MAX_BODY_BYTES,
+                                     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
+                                     DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEVICES, DTYPES, ENGINES, ConfigError, WorkerConfig)
 
 PROG = "deskeye-worker"
 API_KEY_ENV = "DESKEYE_WORKER_API_KEY"

@@ -3,8 +3,9 @@
 The wire format is OpenAI chat completions (so any OpenAI-compatible server can stand in for our
 worker). This module is the single place that knows it: the worker parses requests with
 `parse_chat_request`, the app builds them with `build_messages` and reads answers with
-`parse_description`. The request subset the worker accepts is described by pydantic models (`ChatCompletionRequest`, also the
-OpenAPI description at /openapi.json) and turned into the worker's own frozen `ChatRequest`. Pure Python:
+`parse_description`. The request subset the worker accepts is described by pydantic models
+(`ChatCompletionRequest`, also the OpenAPI description at /openapi.json) and turned into the worker's own frozen
+`ChatRequest`. Pure Python:
 no torch, no PIL, no I/O.
 """
 

@@ -61,7 +61,8 @@ def is_schema_mismatch(response) -> bool:
 
 def fuzz(operation, mode: GenerationMode, auth: dict[str, str]) -> None:
     is_chat = operation.label == "POST /v1/chat/completions"
-    num_examples = (MAX_CHAT_EXAMPLES if is_chat else MAX_OTHER_EXAMPLES) // (1 if mode is GenerationMode.POSITIVE else 2)
+    num_examples = MAX_CHAT_EXAMPLES if is_chat else MAX_OTHER_EXAMPLES
+    num_examples //= 1 if mode is GenerationMode.POSITIVE else 2
 
     @given(case=operation.as_strategy(mode))
     @settings(max_examples=num_examples, deadline=None, derandomize=True, database=None,

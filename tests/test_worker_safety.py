@@ -80,10 +80,11 @@ BAD_REQUESTS = [
     ("bad-schema", dict(method="POST", path=CHAT, body={**chat_body(), "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}), 400,
      ["not a valid JSON Schema"]),
-    ("several-choices", dict(method="POST", path=CHAT, body={**chat_body(), "n": 2}), 400, ["n:", "less than or equal to 1"]),
+    ("several-choices", dict(method="POST", path=CHAT, body={**chat_body(), "n": 2}), 400,
+     ["n:", "less than or equal to 1"]),
     # issue 11, Why 5: client input that used to be a 500
-    ("deeply-nested-body", dict(method="POST", path=CHAT, raw=b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
-     400, ["nested too deeply"]),
+    ("deeply-nested-body", dict(method="POST", path=CHAT,
+                                raw=b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), 400, ["nested too deeply"]),
     ("deeply-nested-schema", dict(method="POST", path=CHAT, body=None, raw=(
         b'{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", '
         b'"json_schema": {"name": "x", "schema": ' + b'{"items": ' * 5000 + b"{}" + b"}" * 5000 + b"}}}")),

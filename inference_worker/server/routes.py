@@ -168,8 +168,9 @@ def openapi_with_request_body(app: FastAPI, path: str, model: type) -> dict[str,
     components = document.setdefault("components", {}).setdefault("schemas", {})
     components.update(schema.pop("$defs", {}))
     components[model.__name__] = schema
-    document["paths"][path]["post"]["requestBody"] = {
-        "required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+    reference = {"$ref": f"#/components/schemas/{model.__name__}"}
+    document["paths"][path]["post"]["requestBody"] = {"required": True,
+                                                      "content": {"application/json": {"schema": reference}}}
     document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     document["security"] = [{"bearer": []}]
     document["paths"]["/health"]["get"]["security"] = []
