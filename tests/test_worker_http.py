@@ -309,6 +309,19 @@ def test_content_length_larger_than_the_body_gets_408_not_a_hang(tiny_worker):
     assert tiny_worker.request("GET", "/v1/models")[0] == 200
 
 
+@pytest.mark.parametrize("raw", [b"NOT HTTP AT ALL\r\n\r\n", b"GET /health HTTP/1.1\r\nthis is no header\r\n\r\n"],
+                         ids=["garbage-request-line", "broken-header-line"])
+def test_bytes_that_are_not_http_get_a_json_400(tiny_worker, raw):
+    with socket.create_connection((tiny_worker.host, tiny_worker.port), timeout=30) as sock:
+        sock.sendall(raw)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        body = json.loads(response.read())
+    assert response.status == 400 and response.getheader("Content-Type") == "application/json"
+    assert set(body["error"]) == {"message", "type", "param", "code"} and "not valid HTTP" in body["error"]["message"]
+    assert tiny_worker.request("GET", "/v1/models")[0] == 200
+
+
 def test_openapi_describes_the_chat_request_and_needs_the_key(tiny_worker):
     assert tiny_worker.request("GET", "/openapi.json", auth=False)[0] == 401
     status, document = tiny_worker.request("GET", "/openapi.json")

@@ -23,6 +23,7 @@ from inference_worker.config import LISTEN_BACKLOG, WorkerConfig
 from inference_worker.errors import WorkerStartError
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.server.app import GateSettings, build_app, worker_url
+from inference_worker.server.h11_errors import JsonErrorH11Protocol
 from inference_worker.server.routes import Routes
 from inference_worker.serving.service import ModelService
 
@@ -102,7 +103,7 @@ def _bind(config: WorkerConfig) -> socket.socket:
 def _uvicorn_config(app, config: WorkerConfig) -> uvicorn.Config:
     """uvicorn's own connection cap sits above the gates' (which answer 503 in the worker's JSON shape), as a
     backstop for idle keep-alive connections; its access log stays off (the worker counts requests itself)."""
-    return uvicorn.Config(app, http="h11", lifespan="off", access_log=False, log_config=None,
+    return uvicorn.Config(app, http=JsonErrorH11Protocol, lifespan="off", access_log=False, log_config=None,
                           limit_concurrency=config.max_connections * 2 + 8, backlog=LISTEN_BACKLOG,
                           timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S / 2,
                           server_header=False, date_header=False)
