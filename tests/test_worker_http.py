@@ -17,7 +17,8 @@ import jsonschema
 import openai
 import pytest
 
-from inference_worker.protocol import DESKEYE_SCHEMA, build_messages, deskeye_response_format, image_data_url
+from inference_worker.protocol import (DESKEYE_SCHEMA, ChatCompletion, ChatCompletionChunk, ModelList, build_messages,
+                                       deskeye_response_format, image_data_url, parse_chat_request)
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import WorkerHandle, running_worker
 from tests.test_worker_api import image_message, png_bytes
@@ -320,6 +321,28 @@ def test_bytes_that_are_not_http_get_a_json_400(tiny_worker, raw):
     assert response.status == 400 and response.getheader("Content-Type") == "application/json"
     assert set(body["error"]) == {"message", "type", "param", "code"} and "not valid HTTP" in body["error"]["message"]
     assert tiny_worker.request("GET", "/v1/models")[0] == 200
+
+
+def test_answers_match_the_documented_response_models(tiny_worker):
+    """What /openapi.json promises is what is sent: a completion, and every chunk of a stream."""
+    client = tiny_worker.openai_client()
+    kwargs = dict(model="deskeye", messages=image_message("What is this?", png_bytes()), max_tokens=6)
+    status, body = tiny_worker.request("POST", CHAT, kwargs)
+    assert status == 200
+    ChatCompletion.model_validate(body)
+    for chunk in stream_chunks(client, stream_options={"include_usage": True}, **kwargs):
+        ChatCompletionChunk.model_validate(chunk.model_dump(exclude_none=True))
+    status, models = tiny_worker.request("GET", "/v1/models")
+    ModelList.model_validate(models)
+
+
+def test_the_deskeye_request_extension_is_accepted_as_an_object(tiny_worker):
+    good = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "deskeye": {"window": {"title": "Terminal", "app": "xterm"}}}
+    assert tiny_worker.request("POST", CHAT, good)[0] == 200
+    status, body = tiny_worker.request("POST", CHAT, {**good, "deskeye": "not an object"})
+    assert status == 400 and body["error"]["param"] == "deskeye"
+    assert parse_chat_request(good).deskeye == {"window": {"title": "Terminal", "app": "xterm"}}
 
 
 def test_openapi_describes_the_chat_request_and_needs_the_key(tiny_worker):
