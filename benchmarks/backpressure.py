@@ -6,8 +6,8 @@ Without --model it builds the tiny random Idefics3 test fixture. Parts:
  (i)  a burst of N clients (default 32), one request each on its own connection, all released together, against
       a worker whose queue is effectively unbounded (--max-queue 100000, what the worker did before) and one with
       --max-queue 8: connect time, latency of the answered requests (p50/p99), how many got 503 + Retry-After;
- (ii) one request streamed (stream=true) against the same request whole: time to the first content chunk vs
-      time to the whole answer.
+ (ii) one 256-token request streamed (stream=true) against the same request whole: time to the first content
+      chunk vs time to the whole answer.
 Prints a table and writes JSON to benchmarks/results/backpressure.json.
 """
 
@@ -30,12 +30,13 @@ DEFAULT_JSON_OUT = Path("benchmarks/results/backpressure.json")
 UNBOUNDED_QUEUE = 100_000
 BOUNDED_QUEUE = 8
 MAX_TOKENS = 32
+STREAM_MAX_TOKENS = 256
 
 
-def request_body(index: int, *, stream: bool = False) -> bytes:
+def request_body(index: int, *, stream: bool = False, max_tokens: int = MAX_TOKENS) -> bytes:
     import base64
     png = base64.b64encode(screen_png(f"burst-{index}")).decode()
-    return json.dumps({"model": "deskeye", "max_tokens": MAX_TOKENS, "temperature": 0, "stream": stream,
+    return json.dumps({"model": "deskeye", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
                        "messages": [{"role": "user", "content": [
                            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
                            {"type": "text", "text": f"What is on this screen? #{index}"}]}]}).encode()
@@ -79,7 +80,8 @@ def first_chunk_vs_whole(endpoint) -> dict:
     def timed(stream: bool) -> tuple[float, float]:
         conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=300)
         started_s = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=request_body(10_000, stream=stream),
+        conn.request("POST", "/v1/chat/completions",
+                     body=request_body(10_000, stream=stream, max_tokens=STREAM_MAX_TOKENS),
                      headers=endpoint.headers())
         response = conn.getresponse()
         first_s = None
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["worker", "answered", "503", "connect p99 ms", "answered p50 s", "answered p99 s", "503 p99 ms"],
                 [[name, r["answered"], r["refused_503"], r["connect_p99_ms"], r["answered_p50_s"],
                   r["answered_p99_s"], r["refusal_p99_ms"]] for name, r in rows.items()]))
-    print(f"\nstreaming: first content chunk {streaming['stream_first_chunk_s']} s, whole answer "
+    print(f"\nstreaming a {STREAM_MAX_TOKENS}-token answer: first content chunk {streaming['stream_first_chunk_s']} s, whole answer "
           f"{streaming['whole_answer_s']} s (streamed total {streaming['stream_total_s']} s)")
     write_result(args.json_out, {"model": args.model or "tiny random Idefics3", "burst": rows, "streaming": streaming})
     return 0
