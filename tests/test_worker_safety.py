@@ -151,6 +151,14 @@ def test_post_without_content_length_is_refused(tiny_worker):
     assert_serves_a_good_request(tiny_worker)
 
 
+def test_chunked_body_is_refused_with_411(tiny_worker):
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: localhost:{tiny_worker.port}\r\nAuthorization: Bearer "
+            f"{tiny_worker.api_key}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+    status, body = raw_exchange(tiny_worker, head, b"5\r\nhello\r\n0\r\n\r\n")
+    assert status == 411 and "Chunked request bodies are not accepted" in body["error"]["message"]
+    assert_serves_a_good_request(tiny_worker)
+
+
 def test_health_needs_no_key_but_everything_else_does(tiny_worker):
     status, body = tiny_worker.request("GET", "/health", auth=False)
     assert status == 200 and body == {"status": "ok", "engine": "transformers", "model": tiny_worker.model}
