@@ -289,7 +289,8 @@ class App:
         frame = job.frame or self._user_frame()
         if frame is None:
             return
-        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns())
+        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(),
+                                 on_text=self._show_growing if job.is_user else None)
         self.change.mark_described(frame.image)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
         self._show("answer", answer.summary, answer.key_objects)   # a changed screen is shown too
@@ -356,6 +357,12 @@ class App:
             self.hooks.fire(description)
 
     # ------------------------------------------------------------------ display
+
+    def _show_growing(self, summary: str) -> None:
+        """The answer's summary while the worker is still generating it (streamed; shown as "thinking" until
+        the whole answer is in)."""
+        if self.overlay is not None and summary:
+            self.overlay.show_thinking(f"{summary}…")
 
     def _show(self, kind: str, text: str = "", key_objects=()) -> None:
         if self.overlay is None:

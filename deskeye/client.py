@@ -6,15 +6,21 @@ and read back with `parse_description`, so the wire format lives in one place. I
 because our worker died, the client waits for the supervisor's restart and sends the same request once
 more, so no hotkey press is silently lost.
 
+With `on_text`, the answer is streamed (`stream=True`, Server-Sent Events): `on_text` is called with the
+summary decoded so far each time it grows (DeskEye's schema puts the summary first), so the overlay can show the
+answer as it is generated; the full answer is parsed and returned at the end as without streaming.
+
 The answer is untrusted model text: it is returned as data and never put into a shell, URL or path.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.settings import Settings
@@ -22,6 +28,12 @@ from deskeye.supervisor import Endpoint, WorkerSupervisor
 from inference_worker.protocol import Turn, build_messages, deskeye_response_format, parse_description
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: the opening of a DeskEye answer up to its summary string, and that string's characters so far (linear: the
+#: two alternatives never match the same text)
+_SUMMARY_OPENING = re.compile(r'\s*\{\s*"summary"\s*:\s*"((?:[^"\\]|\\.)*)')
+MAX_ESCAPE_CHARS = 6                 # the longest JSON escape, \uXXXX, that a chunk may cut in two
+
+TextCallback = Callable[[str], None]
 
 
 @dataclass
@@ -45,21 +57,24 @@ class WorkerClient:
         self._model_ids: dict[Endpoint, str] = {}
 
     def ask(self, question: str, image_png: bytes | None, memory: list[Turn] = (), *,
-            max_tokens: int | None = None, context: str | None = None) -> Answer:
-        """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use)."""
+            max_tokens: int | None = None, context: str | None = None,
+            on_text: TextCallback | None = None) -> Answer:
+        """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use).
+
+        `on_text`: stream the answer and call it with the summary text decoded so far, each time it grows."""
         import openai
 
         messages = build_messages(question, image_png, list(memory), context)
         max_tokens = max_tokens or self.settings.worker.max_tokens
         endpoint = self.supervisor.endpoint()
         try:
-            return self._ask_once(endpoint, messages, max_tokens)
+            return self._ask_once(endpoint, messages, max_tokens, on_text)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError:
             endpoint = self.supervisor.recover(endpoint)     # raises WorkerUnavailable if it stays down
         try:
-            return self._ask_once(endpoint, messages, max_tokens)
+            return self._ask_once(endpoint, messages, max_tokens, on_text)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError as exc:
@@ -74,37 +89,77 @@ class WorkerClient:
 
     # ------------------------------------------------------------------ one request
 
-    def _ask_once(self, endpoint: Endpoint, messages: list[dict], max_tokens: int) -> Answer:
+    def _ask_once(self, endpoint: Endpoint, messages: list[dict], max_tokens: int,
+                  on_text: TextCallback | None = None) -> Answer:
         import openai
 
         client = self._openai(endpoint)
         model = self._model_id(client, endpoint)
         started = time.perf_counter()
+        request = dict(model=model, messages=messages, response_format=deskeye_response_format(), temperature=0,
+                       max_tokens=max_tokens)
         try:
-            response = client.chat.completions.create(
-                model=model, messages=messages, response_format=deskeye_response_format(),
-                temperature=0, max_tokens=max_tokens)
+            if on_text is not None:
+                content, finish_reason, engine = self._stream(endpoint, client, request, on_text)
+            else:
+                response = client.chat.completions.create(**request)
+                content, finish_reason, engine = self._content(endpoint, response)
         except openai.APIStatusError as exc:
             raise self._status_error(endpoint, exc) from None
         latency_ms = round((time.perf_counter() - started) * 1000)
-        return self._answer(endpoint, response, latency_ms)
+        return self._answer(endpoint, content, finish_reason, engine, latency_ms)
 
-    def _answer(self, endpoint: Endpoint, response, latency_ms: int) -> Answer:
+    def _stream(self, endpoint: Endpoint, client, request: dict, on_text: TextCallback) -> tuple[str, str | None, str]:
+        """Stream the answer, calling `on_text` with the growing summary; (content, finish_reason, engine)."""
+        import openai
+
+        stream = client.chat.completions.create(stream=True, **request)
+        pieces: list[str] = []
+        shown, finish_reason, engine = "", None, ""
+        try:
+            for chunk in stream:
+                engine = engine or self._engine(chunk, default="")
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                finish_reason = choice.finish_reason or finish_reason
+                if choice.delta.content:
+                    pieces.append(choice.delta.content)
+                    summary = partial_summary("".join(pieces))
+                    if summary is not None and summary != shown:
+                        shown = summary
+                        on_text(summary)
+        except openai.APIStatusError:
+            raise
+        except openai.APIError as exc:              # the stream ended with an error event
+            raise AnswerError(f"The worker at {endpoint.url} failed while answering: "
+                              f"{printable(str(exc.message)[:500])}") from None
+        except _transport_errors() as exc:          # the connection broke mid-stream: recover as before it
+            raise openai.APIConnectionError(message=f"the stream broke: {exc}",
+                                            request=stream.response.request) from None
+        finally:
+            stream.close()
+        return "".join(pieces), finish_reason, engine or f"external:{request['model'] or 'unknown'}"
+
+    def _content(self, endpoint: Endpoint, response) -> tuple[str, str | None, str]:
         if not response.choices:
             raise AnswerError(f"The server at {endpoint.url} returned no answer (empty 'choices').")
         choice = response.choices[0]
-        content = choice.message.content or ""
+        return choice.message.content or "", choice.finish_reason, self._engine(response)
+
+    def _answer(self, endpoint: Endpoint, content: str, finish_reason: str | None, engine: str,
+                latency_ms: int) -> Answer:
         try:
             description = parse_description(content)
         except ValueError as exc:
-            raise AnswerError(self._unusable_message(endpoint, exc, choice.finish_reason)) from None
-        return Answer(description.summary, description.key_objects, self._engine(response), latency_ms)
+            raise AnswerError(self._unusable_message(endpoint, exc, finish_reason)) from None
+        return Answer(description.summary, description.key_objects, engine, latency_ms)
 
-    def _engine(self, response) -> str:
+    def _engine(self, response, default: str | None = None) -> str:
         extra = (response.model_extra or {}).get("deskeye")
         if isinstance(extra, dict) and isinstance(extra.get("engine"), str):
             return extra["engine"]
-        return f"external:{response.model or 'unknown'}"
+        return f"external:{response.model or 'unknown'}" if default is None else default
 
     # ------------------------------------------------------------------ plumbing
 
@@ -187,6 +242,34 @@ def _error_text(exc) -> str:
     inner = body.get("error", body) if isinstance(body, dict) else None
     message = inner.get("message") if isinstance(inner, dict) else inner
     return printable(str(message or exc)[:500])
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What a broken connection raises while a stream is read: the HTTP library the openai client uses."""
+    import importlib
+
+    found: list[type[BaseException]] = [OSError]
+    for name in ("httpx", "httpx2"):
+        try:
+            found.append(importlib.import_module(name).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def partial_summary(text: str) -> str | None:
+    """The summary string of a DeskEye answer that is still arriving (`{"summary": "A termi`), decoded as far
+    as it goes; None when the text does not start with a summary (another field first, or not JSON)."""
+    match = _SUMMARY_OPENING.match(text)
+    if match is None:
+        return None
+    body = match.group(1)
+    for cut in range(min(len(body), MAX_ESCAPE_CHARS) + 1):   # an escape cut in two by a chunk: drop its start
+        try:
+            return json.loads(f'"{body[:len(body) - cut]}"')
+        except ValueError:
+            continue
+    return None
 
 
 def printable(text: str) -> str:

@@ -14,9 +14,10 @@ import sys
 import threading
 from pathlib import Path
 
-from inference_worker.config import (DEFAULT_BATCH_WINDOW_MS, DEFAULT_KV_CACHE_MB, DEFAULT_KV_SIMILAR_THRESHOLD,
-                                     DEFAULT_LOAD_THRESHOLDS_PCT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
-                                     DEFAULT_MAX_TOKENS_LIMIT, DEVICES, DTYPES, ENGINES, ConfigError, WorkerConfig)
+from inference_worker.config import (DEFAULT_BATCH_WINDOW_MS, DEFAULT_BODY_TIMEOUT_S, DEFAULT_KV_CACHE_MB,
+                                     DEFAULT_KV_SIMILAR_THRESHOLD, DEFAULT_LOAD_THRESHOLDS_PCT, DEFAULT_MAX_BODY_BYTES,
+                                     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
+                                     DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEVICES, DTYPES, ENGINES, ConfigError, WorkerConfig)
 
 PROG = "deskeye-worker"
 API_KEY_ENV = "DESKEYE_WORKER_API_KEY"
@@ -88,6 +89,15 @@ def _add_server_options(g) -> None:
     g.add_argument("--request-timeout-s", type=float, default=300.0, metavar="SECONDS",
                    help="a request that waits longer than this for the model is answered 504 "
                         "(default: %(default)s)")
+    g.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
+                   help="a request body that has not fully arrived this long after its headers is answered 408 "
+                        "(default: %(default)s)")
+    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
+                   help="most accepted requests waiting for the model (being prepared or queued); one more is "
+                        "answered 503 with Retry-After at once (default: %(default)s)")
+    g.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                   help="most HTTP requests served at once, streams included; one more is answered 503 with "
+                        "Retry-After (default: %(default)s)")
 
 
 def _add_batching_options(g) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference_worker.errors import ConfigError  # noqa: F401 - re-exported: the CLI imports it from here
+
 ENGINES = ("auto", "ocr", "transformers")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -20,11 +22,11 @@ DEFAULT_MAX_IMAGES = 4
 DEFAULT_BATCH_WINDOW_MS = (50.0, 150.0, 200.0)     # wait window at low / medium / high load
 DEFAULT_LOAD_THRESHOLDS_PCT = (30.0, 70.0)         # load (%) where the window steps up
 DEFAULT_KV_CACHE_MB = 512
+DEFAULT_MAX_QUEUE = 32                             # accepted requests waiting for the model: 4 batches of 8
+DEFAULT_MAX_CONNECTIONS = 64                       # HTTP requests served at once (streams included)
+DEFAULT_BODY_TIMEOUT_S = 10.0                      # a body must arrive this fast (loopback: milliseconds)
+LISTEN_BACKLOG = 128                               # connections the kernel queues before accept()
 DEFAULT_KV_SIMILAR_THRESHOLD = 0.002               # share of 64x48 cells that may differ for a similar hit
-
-
-class ConfigError(ValueError):
-    """A worker option with a bad value; the message names the flag and what it accepts."""
 
 
 @dataclass
@@ -46,6 +48,9 @@ class WorkerConfig:
     num_threads: int = 0                 # CPU threads for torch; 0 = the library's default
     ground_with_ocr: bool = False        # add the OCR text of each image to the model's prompt
     request_timeout_s: float = 300.0     # a request waiting longer than this for the model gets 504
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S   # a request body slower than this gets 408
+    max_queue: int = DEFAULT_MAX_QUEUE   # accepted requests waiting for the model; one more gets 503 + Retry-After
+    max_connections: int = DEFAULT_MAX_CONNECTIONS   # HTTP requests served at once; one more gets 503
     max_batch_size: int = 8              # most requests decoded together; 1 = one at a time
     batch_window_ms: tuple[float, float, float] = DEFAULT_BATCH_WINDOW_MS
     load_thresholds_pct: tuple[float, float] = DEFAULT_LOAD_THRESHOLDS_PCT
@@ -75,6 +80,10 @@ class WorkerConfig:
         _check(0 <= self.max_retries <= 10, "--max-retries", "an integer from 0 to 10", self.max_retries)
         _check(self.num_threads >= 0, "--threads", "an integer >= 0 (0 = default)", self.num_threads)
         _check(self.request_timeout_s > 0, "--request-timeout-s", "a number of seconds > 0", self.request_timeout_s)
+        _check(self.body_timeout_s > 0, "--body-timeout-s", "a number of seconds > 0", self.body_timeout_s)
+        _check(1 <= self.max_queue <= 100_000, "--max-queue", "an integer from 1 to 100000", self.max_queue)
+        _check(1 <= self.max_connections <= 10_000, "--max-connections", "an integer from 1 to 10000",
+               self.max_connections)
         _check(1 <= self.max_batch_size <= 64, "--max-batch-size", "an integer from 1 to 64", self.max_batch_size)
         self.batch_window_ms = tuple(float(v) for v in self.batch_window_ms)
         _check(len(self.batch_window_ms) == 3 and all(0 <= v <= 5000 for v in self.batch_window_ms),

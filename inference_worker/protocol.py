@@ -3,7 +3,10 @@
 The wire format is OpenAI chat completions (so any OpenAI-compatible server can stand in for our
 worker). This module is the single place that knows it: the worker parses requests with
 `parse_chat_request`, the app builds them with `build_messages` and reads answers with
-`parse_description`. Pure Python: no torch, no PIL, no I/O.
+`parse_description`. The request subset the worker accepts is described by pydantic models
+(`ChatCompletionRequest`, also the OpenAPI description at /openapi.json) and turned into the worker's own frozen
+`ChatRequest`. Pure Python:
+no torch, no PIL, no I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ import binascii
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from inference_worker.errors import ProtocolError  # noqa: F401 - re-exported: the name other modules import
 
 # A string that always closes: no control characters, at most N characters. Grammar engines ignore
 # maxLength when a pattern is set, so the bound lives in the pattern itself.
@@ -39,20 +46,6 @@ JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 DEFAULT_MAX_TOKENS = 256
 SUPPORTED_IMAGE_MIME = ("image/png", "image/jpeg", "image/webp", "image/bmp", "image/gif")
-
-
-class ProtocolError(ValueError):
-    """A request the worker cannot accept. `status` is the HTTP status, `param` names the field."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 code: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        self.code = code
-
-    def to_body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.code, "param": self.param, "code": self.status}}
 
 
 # ---------------------------------------------------------------- requests (worker side)
@@ -98,6 +91,9 @@ class ChatRequest:
     sampling: SamplingParams
     json_schema: dict[str, Any] | None = None   # None = free text
     schema_name: str | None = None
+    stream: bool = False                        # answer as Server-Sent Events, chunk by chunk
+    include_usage: bool = False                 # stream_options.include_usage: a last chunk with usage
+    deskeye: dict[str, Any] | None = None       # the request's DeskEye extension (window facts, ...)
 
     @property
     def images(self) -> list[ImagePart]:
@@ -110,19 +106,105 @@ class RequestLimits:
     max_images: int = 4
 
 
+MAX_SEED = 2**63 - 1          # a 64-bit signed seed: what torch's generators and other servers accept
+MIN_SEED = -(2**63)
+
+
+# ---------------------------------------------------------------- the wire models (pydantic, OpenAPI)
+
+class _Wire(BaseModel):
+    """Strict: a JSON number is not a string, `true` is not 1, a float is not an integer."""
+    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
+
+
+class TextPart(_Wire):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(_Wire):
+    url: str = Field(description="a base64 data URL: data:image/png;base64,... (remote URLs are never fetched)")
+    detail: str | None = None
+
+
+class ImageUrlPart(_Wire):
+    type: Literal["image_url"]
+    image_url: ImageUrl | str
+
+
+ContentPart = Annotated[Union[TextPart, ImageUrlPart], Field(discriminator="type")]
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentPart]
+
+
+class JsonSchemaFormat(_Wire):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="a JSON Schema the answer must match")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class DeskEyeExtension(_Wire):
+    """DeskEye's own request facts (e.g. the window the frame came from); other servers ignore the field."""
+
+
+class ChatCompletionRequest(_Wire):
+    """POST /v1/chat/completions: the subset of OpenAI's request this worker honours (other fields are ignored)."""
+    model: str = ""
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, description="0 = off")
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    n: int | None = Field(None, ge=1, le=1, description="one choice per request")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    deskeye: DeskEyeExtension | None = None
+
+
 def parse_chat_request(body: Any, limits: RequestLimits = RequestLimits()) -> ChatRequest:
     """Validate a decoded JSON body of POST /v1/chat/completions. Raises ProtocolError."""
-    if not isinstance(body, dict):
-        raise ProtocolError("The request body must be a JSON object.")
-    model = body.get("model", "")
-    if not isinstance(model, str):
-        raise ProtocolError("'model' must be a string.", param="model")
-    messages = _parse_messages(body.get("messages"))
+    try:
+        raw = json.dumps(body).encode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        raise ProtocolError("The request body must be a JSON object.") from None
+    return parse_chat_json(raw, limits)
+
+
+def parse_chat_json(raw: bytes, limits: RequestLimits = RequestLimits()) -> ChatRequest:
+    """Validate the raw JSON body of POST /v1/chat/completions (parsing and validation in one pass: pydantic's
+    parser also bounds the nesting depth). Raises ProtocolError naming the field and what it accepts."""
+    try:
+        wire = ChatCompletionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise protocol_error_from(exc) from None
+    return chat_request_from(wire, limits)
+
+
+def chat_request_from(wire: ChatCompletionRequest, limits: RequestLimits) -> ChatRequest:
     request = ChatRequest(
-        model=model,
-        messages=messages,
-        sampling=_parse_sampling(body, limits),
-        **_parse_response_format(body.get("response_format")),
+        model=wire.model,
+        messages=tuple(_message(m, f"messages[{i}]") for i, m in enumerate(wire.messages)),
+        sampling=_sampling(wire, limits),
+        stream=bool(wire.stream),
+        include_usage=bool(wire.stream_options and wire.stream_options.include_usage),
+        deskeye=wire.deskeye.model_dump() if wire.deskeye is not None else None,
+        **_response_format(wire.response_format),
     )
     if len(request.images) > limits.max_images:
         raise ProtocolError(f"At most {limits.max_images} images per request; got {len(request.images)}.",
@@ -130,39 +212,53 @@ def parse_chat_request(body: Any, limits: RequestLimits = RequestLimits()) -> Ch
     return request
 
 
-def _parse_messages(raw: Any) -> tuple[Message, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise ProtocolError("'messages' must be a non-empty list.", param="messages")
-    return tuple(_parse_message(m, i) for i, m in enumerate(raw))
+def protocol_error_from(exc: ValidationError) -> ProtocolError:
+    """pydantic's errors -> one ProtocolError: the most specific error, its field path (messages[0].role), the
+    rule it broke and the value that broke it."""
+    errors = exc.errors(include_url=False)
+    error = max(errors, key=lambda e: len(e["loc"]))
+    if error["type"] == "json_invalid":
+        reason = str((error.get("ctx") or {}).get("error", error["msg"]))
+        if "recursion limit" in reason:
+            return ProtocolError(f"The request body is nested too deeply ({reason}); send a flatter document.",
+                                 code="invalid_json")
+        return ProtocolError(f"The request body is not valid JSON ({reason}).", code="invalid_json")
+    path = _path(error["loc"])
+    if not path:
+        return ProtocolError("The request body must be a JSON object.")
+    got = error.get("input")
+    shown = "" if error["type"] == "missing" else f"; got {_short_repr(got)}"
+    return ProtocolError(f"{path}: {error['msg']}{shown}.", param=path)
 
 
-def _parse_message(raw: Any, index: int) -> Message:
-    where = f"messages[{index}]"
-    if not isinstance(raw, dict):
-        raise ProtocolError(f"{where} must be an object with 'role' and 'content'.", param=where)
-    role = raw.get("role")
-    if role not in ("system", "user", "assistant"):
-        raise ProtocolError(f"{where}.role must be 'system', 'user' or 'assistant'; got {role!r}.", param=where)
-    content = raw.get("content")
-    if isinstance(content, str):
-        return Message(role, (content,))
-    if not isinstance(content, list):
-        raise ProtocolError(f"{where}.content must be a string or a list of parts.", param=where)
-    return Message(role, tuple(_parse_part(p, f"{where}.content[{j}]") for j, p in enumerate(content)))
+def _path(loc: tuple) -> str:
+    """('messages', 0, 'content', 'list[tagged-union[...]]', 1, 'text') -> 'messages[0].content[1].text'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict") \
+                or part == "schema":
+            out += f".{part}" if out else part
+    return out
 
 
-def _parse_part(raw: Any, where: str) -> str | ImagePart:
-    kind = raw.get("type") if isinstance(raw, dict) else None
-    if kind == "text" and isinstance(raw.get("text"), str):
-        return raw["text"]
-    if kind == "image_url":
-        url = raw.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        if not isinstance(url, str):
-            raise ProtocolError(f"{where}.image_url.url must be a string.", param=where)
-        return decode_data_url(url, where)
-    raise ProtocolError(f"{where} must be {{'type': 'text', 'text': ...}} or "
-                        f"{{'type': 'image_url', 'image_url': {{'url': 'data:image/png;base64,...'}}}}.", param=where)
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _message(wire: ChatMessage, where: str) -> Message:
+    if isinstance(wire.content, str):
+        return Message(wire.role, (wire.content,))
+    return Message(wire.role, tuple(_part(p, f"{where}.content[{j}]") for j, p in enumerate(wire.content)))
+
+
+def _part(wire: TextPart | ImageUrlPart, where: str) -> str | ImagePart:
+    if isinstance(wire, TextPart):
+        return wire.text
+    url = wire.image_url.url if isinstance(wire.image_url, ImageUrl) else wire.image_url
+    return decode_data_url(url, where)
 
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]+)?(;[\w=-]+)*;base64,(?P<data>.*)$", re.S)
@@ -186,53 +282,26 @@ def decode_data_url(url: str, where: str = "image_url") -> ImagePart:
     return ImagePart(data, mime)
 
 
-def _parse_sampling(body: dict, limits: RequestLimits) -> SamplingParams:
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ProtocolError("'max_tokens' must be a positive integer.", param="max_tokens")
+def _sampling(wire: ChatCompletionRequest, limits: RequestLimits) -> SamplingParams:
+    max_tokens = wire.max_tokens or wire.max_completion_tokens or min(DEFAULT_MAX_TOKENS, limits.max_tokens)
     if max_tokens > limits.max_tokens:
         raise ProtocolError(f"'max_tokens' is {max_tokens}; this worker allows at most {limits.max_tokens} "
                             "(start it with a larger --max-tokens-limit to change that).", param="max_tokens")
-    temperature = _number(body, "temperature", 0.0, lo=0.0, hi=2.0)
-    top_p = _number(body, "top_p", 1.0, lo=0.0, hi=1.0)
-    if top_p == 0.0:
-        raise ProtocolError("'top_p' must be greater than 0.", param="top_p")
-    top_k = body.get("top_k", 0)
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-        raise ProtocolError("'top_k' must be a non-negative integer (0 = off).", param="top_k")
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise ProtocolError("'seed' must be an integer.", param="seed")
-    return SamplingParams(max_tokens, temperature, top_p, top_k, seed)
+    return SamplingParams(max_tokens=max_tokens,
+                          temperature=0.0 if wire.temperature is None else float(wire.temperature),
+                          top_p=1.0 if wire.top_p is None else float(wire.top_p),
+                          top_k=wire.top_k or 0, seed=wire.seed)
 
 
-def _number(body: dict, key: str, default: float, *, lo: float, hi: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ProtocolError(f"'{key}' must be a number between {lo} and {hi}; got {value!r}.", param=key)
-    return float(value)
-
-
-def _parse_response_format(raw: Any) -> dict[str, Any]:
-    if raw is None:
+def _response_format(wire: ResponseFormat | None) -> dict[str, Any]:
+    if wire is None or wire.type == "text":
         return {}
-    kind = raw.get("type") if isinstance(raw, dict) else None
-    if kind == "text":
-        return {}
-    if kind == "json_object":
+    if wire.type == "json_object":
         return {"json_schema": JSON_OBJECT_SCHEMA, "schema_name": "json_object"}
-    if kind == "json_schema":
-        spec = raw.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise ProtocolError("response_format.json_schema.schema must be a JSON Schema object.",
-                                param="response_format")
-        return {"json_schema": schema, "schema_name": spec.get("name") or "schema"}
-    raise ProtocolError("response_format.type must be 'text', 'json_object' or 'json_schema'.",
-                        param="response_format")
-
+    if wire.json_schema is None:
+        raise ProtocolError("response_format.json_schema.schema must be a JSON Schema object.",
+                            param="response_format")
+    return {"json_schema": wire.json_schema.schema_, "schema_name": wire.json_schema.name or "schema"}
 
 # ---------------------------------------------------------------- responses (worker side)
 
@@ -258,13 +327,115 @@ def completion_body(completion: Completion, *, request_id: str, model: str, crea
             "message": {"role": "assistant", "content": completion.text},
             "finish_reason": completion.finish_reason,
         }],
-        "usage": {
-            "prompt_tokens": completion.prompt_tokens,
-            "completion_tokens": completion.completion_tokens,
-            "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-        },
+        "usage": usage_body(completion),
         "deskeye": {"retries": completion.retries, **completion.extra},
     }
+
+
+# ---------------------------------------------------------------- response models (OpenAPI)
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(_Out):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorBody(_Out):
+    """Every error the worker answers: `{"error": {...}}`, OpenAI's shape."""
+    error: ErrorDetail
+
+
+class AssistantMessage(_Out):
+    role: Literal["assistant"]
+    content: str
+
+
+class Choice(_Out):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+
+
+class Usage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(_Out):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    deskeye: dict[str, Any] | None = None
+
+
+class ChunkDelta(_Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Out):
+    index: int
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionChunk(_Out):
+    """One Server-Sent Event of a streamed answer (`data: {...}`); the stream ends with `data: [DONE]`."""
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Out):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(_Out):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(_Out):
+    status: str
+    engine: str | None = None
+    model: str | None = None
+    progress: str | None = None
+    error: str | None = None
+
+
+def chunk_body(*, request_id: str, model: str, created: int, delta: dict[str, Any] | None,
+               finish_reason: str | None = None, usage: dict[str, int] | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One chat.completion.chunk; `delta=None` is the usage-only last chunk (no choices), as OpenAI sends it."""
+    body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                            "model": model,
+                            "choices": [] if delta is None else [{"index": 0, "delta": delta,
+                                                                  "finish_reason": finish_reason}]}
+    if usage is not None:
+        body["usage"] = usage
+    if extra:
+        body["deskeye"] = extra
+    return body
+
+
+def usage_body(completion: Completion) -> dict[str, int]:
+    return {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
+            "total_tokens": completion.prompt_tokens + completion.completion_tokens}
 
 
 # ---------------------------------------------------------------- app side

@@ -80,7 +80,21 @@ BAD_REQUESTS = [
     ("bad-schema", dict(method="POST", path=CHAT, body={**chat_body(), "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}), 400,
      ["not a valid JSON Schema"]),
-    ("streaming", dict(method="POST", path=CHAT, body={**chat_body(), "stream": True}), 400, ["stream"]),
+    ("several-choices", dict(method="POST", path=CHAT, body={**chat_body(), "n": 2}), 400,
+     ["n:", "less than or equal to 1"]),
+    # issue 11, Why 5: client input that used to be a 500
+    ("deeply-nested-body", dict(method="POST", path=CHAT,
+                                raw=b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), 400, ["nested too deeply"]),
+    ("deeply-nested-schema", dict(method="POST", path=CHAT, body=None, raw=(
+        b'{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", '
+        b'"json_schema": {"name": "x", "schema": ' + b'{"items": ' * 5000 + b"{}" + b"}" * 5000 + b"}}}")),
+     400, ["nested too deeply"]),
+    ("seed-beyond-64-bits", dict(method="POST", path=CHAT, body={**chat_body(), "seed": 2**70}), 400,
+     ["seed", "less than or equal to 9223372036854775807"]),
+    ("boolean-max-tokens", dict(method="POST", path=CHAT, body={**chat_body(), "max_tokens": True}), 400,
+     ["max_tokens", "valid integer"]),
+    ("role-not-known", dict(method="POST", path=CHAT, body={"messages": [{"role": "bot", "content": "hi"}]}), 400,
+     ["messages[0].role", "'system', 'user' or 'assistant'", "'bot'"]),
     ("unknown-route", dict(method="GET", path="/v1/embeddings"), 404, ["/v1/embeddings"]),
     ("wrong-method", dict(method="GET", path=CHAT), 405, ["GET"]),
     ("unsupported-method", dict(method="PATCH", path=CHAT), 501, ["Unsupported method"]),
@@ -134,6 +148,14 @@ def test_post_without_content_length_is_refused(tiny_worker):
             f"{tiny_worker.api_key}\r\nConnection: close\r\n\r\n").encode()
     status, body = raw_exchange(tiny_worker, head)
     assert status == 411 and "Content-Length" in body["error"]["message"]
+    assert_serves_a_good_request(tiny_worker)
+
+
+def test_chunked_body_is_refused_with_411(tiny_worker):
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: localhost:{tiny_worker.port}\r\nAuthorization: Bearer "
+            f"{tiny_worker.api_key}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+    status, body = raw_exchange(tiny_worker, head, b"5\r\nhello\r\n0\r\n\r\n")
+    assert status == 411 and "Chunked request bodies are not accepted" in body["error"]["message"]
     assert_serves_a_good_request(tiny_worker)
 
 

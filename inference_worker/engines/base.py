@@ -26,6 +26,9 @@ class Prepared:
     inputs: Any = None
     #: set by the service when the client went away or timed out: the engine ends the row at its next step
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: set by the service for a streamed request: the engine calls it (model thread) with each new piece of the
+    #: answer's text as it is generated; the pieces concatenate to Completion.text
+    on_text: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,19 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Free the model."""
+
+
+def emit_in_pieces(text: str, on_text: Callable[[str], None] | None, *, max_piece_chars: int = 16) -> None:
+    """For an engine that makes its whole answer at once (OCR): stream it as word-sized pieces."""
+    if on_text is None:
+        return
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + max_piece_chars)
+        space = text.rfind(" ", start + 1, end)
+        end = space + 1 if end < len(text) and space > start else end
+        on_text(text[start:end])
+        start = end
 
 
 def run_one(engine: Engine, item: Prepared) -> Completion:

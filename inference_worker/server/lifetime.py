@@ -2,7 +2,8 @@
 told to stop, then stop the server, the model thread and the engine, and remove the state file.
 
 Binding comes first so GET /health can report loading progress (and the state file can name the URL)
-while a large model loads.
+while a large model loads. The socket is bound here (listen backlog LISTEN_BACKLOG) and handed to uvicorn, which
+serves the FastAPI app (app.py) on its own thread with its own event loop.
 """
 
 from __future__ import annotations
@@ -11,24 +12,26 @@ import errno
 import gc
 import logging
 import os
+import socket
 import threading
 from typing import Callable
 
+import uvicorn
+
 from inference_worker.server.auth import default_state_file, new_api_key, remove_state_file, write_state_file
-from inference_worker.config import WorkerConfig
+from inference_worker.config import LISTEN_BACKLOG, WorkerConfig
+from inference_worker.errors import WorkerStartError
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.server.app import GateSettings, build_app, worker_url
+from inference_worker.server.h11_errors import JsonErrorH11Protocol
 from inference_worker.server.routes import Routes
-from inference_worker.server.app import WorkerHTTPServer
 from inference_worker.serving.service import ModelService
 
 log = logging.getLogger("deskeye.worker")
 
 WAIT_INTERVAL_S = 0.2
 SHUTDOWN_TIMEOUT_S = 10.0
-
-
-class WorkerStartError(RuntimeError):
-    """The worker could not start or its engine could not load; the message is for the user."""
+KEEP_ALIVE_S = 5.0
 
 
 def run_worker(config: WorkerConfig, stop: threading.Event, load: Callable | None = None) -> None:
@@ -40,24 +43,30 @@ def run_worker(config: WorkerConfig, stop: threading.Event, load: Callable | Non
     metrics = WorkerMetrics()
     service = ModelService(lambda progress: _frozen(load(config, progress)), config, metrics=metrics,
                            on_ready=lambda engine: publish(engine.kind, engine.model_name))
-    server = _bind(config, Routes(config, service, metrics), api_key)
+    sock = _bind(config)
+    port = sock.getsockname()[1]
+    url = worker_url(config.host, port)
+    settings = GateSettings(api_key=api_key, bound_host=config.host, bound_port=port,
+                            max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s,
+                            max_connections=config.max_connections)
+    server = uvicorn.Server(_uvicorn_config(build_app(Routes(config, service, metrics), settings), config))
 
     def publish(engine_kind: str, model: str) -> None:
-        write_state_file(state_path, {"url": server.url, "api_key": api_key, "pid": os.getpid(),
+        write_state_file(state_path, {"url": url, "api_key": api_key, "pid": os.getpid(),
                                       "model": model, "engine": engine_kind})
 
-    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": WAIT_INTERVAL_S},
-                               name="deskeye-http", daemon=True)
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="deskeye-http", daemon=True)
     try:
         publish(config.engine, config.model)
         serving.start()
         service.start()
-        log.info("listening on %s (state file %s); loading the engine", server.url, state_path)
-        _wait(stop, service)
+        log.info("listening on %s (state file %s); loading the engine", url, state_path)
+        _wait(stop, service, serving)
     finally:
+        server.should_exit = True
         if serving.is_alive():
-            server.shutdown()
-        server.server_close()
+            serving.join(SHUTDOWN_TIMEOUT_S)
+        sock.close()
         service.stop(SHUTDOWN_TIMEOUT_S)
         remove_state_file(state_path)
     if service.state == "failed":
@@ -73,17 +82,36 @@ def _frozen(engine):
     return engine
 
 
-def _bind(config: WorkerConfig, routes: Routes, api_key: str) -> WorkerHTTPServer:
+def _bind(config: WorkerConfig) -> socket.socket:
+    """A listening socket with a real backlog (http.server's was 5), bound before anything loads."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        return WorkerHTTPServer(config.host, config.port, routes, api_key, config.max_body_bytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.host, config.port))
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
+        sock.close()
         hint = ("choose another --port (0 = any free port)" if exc.errno == errno.EADDRINUSE
                 else "check --host and --port")
         raise WorkerStartError(f"cannot listen on {config.host}:{config.port}: "
                                f"{exc.strerror or exc}; {hint}.") from None
+    sock.set_inheritable(True)
+    return sock
 
 
-def _wait(stop: threading.Event, service: ModelService) -> None:
+def _uvicorn_config(app, config: WorkerConfig) -> uvicorn.Config:
+    """uvicorn's own connection cap sits above the gates' (which answer 503 in the worker's JSON shape), as a
+    backstop for idle keep-alive connections; its access log stays off (the worker counts requests itself)."""
+    return uvicorn.Config(app, http=JsonErrorH11Protocol, lifespan="off", access_log=False, log_config=None,
+                          limit_concurrency=config.max_connections * 2 + 8, backlog=LISTEN_BACKLOG,
+                          timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S / 2,
+                          server_header=False, date_header=False)
+
+
+def _wait(stop: threading.Event, service: ModelService, serving: threading.Thread) -> None:
     while not stop.wait(WAIT_INTERVAL_S):
         if service.state == "failed":
             return
+        if not serving.is_alive():
+            raise WorkerStartError("the HTTP server stopped unexpectedly; see the log above.")

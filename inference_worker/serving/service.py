@@ -6,6 +6,13 @@ loads the engine, then takes batches from the queue after the load-adaptive wait
 runs them; as each row ends its answer is validated against the request's JSON schema and either answered or
 queued again, first in line, as a retry. Loading on this thread keeps all CUDA state on it, so `after_call`
 (torch.cuda.empty_cache) runs where it must.
+
+Back-pressure and cancellation: at most `max_queue` accepted requests wait for the model (preparing or queued);
+one more is refused at once (QueueFullError: 503 + Retry-After), so an accepted request is never dropped. A
+request whose client went away or timed out is cancelled (`cancel`): its `Prepared.cancelled` event is set, so
+it is dropped if it has not started decoding and the engine ends its row at the next step if it has; a
+cancelled row is never retried. A streamed request (`on_text`) gets text as the engine produces it and is never
+retried once text was sent: a schema failure ends its stream with the error instead.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from inference_worker.serving.validation import output_problem, retry_request
 from inference_worker.engines.base import Engine, Prepared
 from inference_worker.serving.images import decode_request_images
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.protocol import ChatRequest, Completion, ProtocolError
+from inference_worker.errors import CancelledError, ProtocolError, QueueFullError, ServiceError
+from inference_worker.protocol import ChatRequest, Completion
 from inference_worker.serving.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
 
 log = logging.getLogger("deskeye.worker")
@@ -32,11 +40,9 @@ POLL_INTERVAL_S = 0.2
 Loader = Callable[[Callable[[str], None]], Engine]   # (progress callback) -> Engine
 
 
-class ServiceError(ProtocolError):
-    """A request the worker accepted but could not answer (engine failure, timeout, loading, 502 schema)."""
+__all__ = ["Job", "ModelService", "ServiceError"]   # ServiceError lives in errors.py; re-exported here
 
-    def __init__(self, message: str, *, status: int, code: str):
-        super().__init__(message, status=status, code=code)
+TextCallback = Callable[[str], None]
 
 
 @dataclass
@@ -47,6 +53,15 @@ class Job:
     prepared: Prepared | None = None
     retries: int = 0
     queue_wait_s: float = 0.0
+    #: the one cancellation event of this request; `prepared.cancelled` is this same event
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: called on the model thread with each piece of text as it is generated (streamed requests)
+    on_text: TextCallback | None = None
+    #: called once the request is prepared and queued (a streamed response then starts; errors before it are
+    #: plain HTTP errors)
+    on_queued: Callable[[], None] | None = None
+    num_text_chars: int = 0               # text handed to on_text so far
+    is_waiting: bool = True               # counted against max_queue: accepted, not yet decoding
 
 
 class ModelService:
@@ -66,6 +81,8 @@ class ModelService:
         self._pool = ThreadPoolExecutor(config.preprocess_threads, thread_name_prefix="deskeye-prepare")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="deskeye-model", daemon=True)
+        self._waiting_lock = threading.Lock()
+        self._num_waiting = 0
         self.engine: Engine | None = None
         self.state = "loading"
         self.progress = "starting"
@@ -77,24 +94,54 @@ class ModelService:
         self._thread.start()
 
     def submit(self, request: ChatRequest) -> Future:
+        return self.submit_job(request).future
+
+    def submit_job(self, request: ChatRequest, *, on_text: TextCallback | None = None,
+                   on_queued: Callable[[], None] | None = None) -> Job:
+        """Accept a request; raises ServiceError 503 (not ready) or QueueFullError (503 + Retry-After)."""
         if self.state != "ready":
             raise ServiceError(f"The model is not ready ({self.state}: {self.progress}); retry shortly.",
                                status=503, code="model_not_ready")
-        job = Job(request)
+        job = Job(request, on_text=on_text, on_queued=on_queued)
+        with self._waiting_lock:
+            if self._num_waiting >= self._config.max_queue:
+                self._metrics.rejected_busy.labels(reason="queue_full").inc()
+                raise QueueFullError(self._config.max_queue)
+            self._num_waiting += 1
+            self._metrics.waiting.set(self._num_waiting)
         self._signals.request_started()
         job.future.add_done_callback(lambda _: self._signals.request_finished())
+        job.future.add_done_callback(lambda _: self._stop_waiting(job))
         self._pool.submit(self._prepare, job)
-        return job.future
+        return job
 
     def answer(self, request: ChatRequest, timeout_s: float) -> Completion:
         """Submit and wait; raises ProtocolError/ServiceError (4xx/5xx) when there is no valid answer."""
-        future = self.submit(request)
+        job = self.submit_job(request)
         try:
-            return future.result(timeout=timeout_s)
+            return job.future.result(timeout=timeout_s)
         except FutureTimeout:
-            future.cancel()
-            raise ServiceError(f"The model did not answer within {timeout_s:g} s (--request-timeout-s); "
-                               "it is busy or the request is too large.", status=504, code="timeout") from None
+            self.cancel(job, f"no answer within {timeout_s:g} s")
+            raise timeout_error(timeout_s) from None
+
+    def cancel(self, job: Job, reason: str) -> None:
+        """The client went away or timed out: drop the request if it is still waiting, end its row if it is
+        decoding (the engine sees `Prepared.cancelled` at its next step). Any thread; idempotent."""
+        if job.cancelled.is_set() or job.future.done():
+            return
+        job.cancelled.set()
+        stage = "waiting" if job.is_waiting else "decoding"
+        self._metrics.cancelled.labels(stage=stage).inc()
+        log.debug("request cancelled while %s: %s", stage, reason)
+        job.future.cancel()      # not running yet: done now (skipped when taken); running: the engine ends the
+                                 # row and the service answers it with CancelledError, never a retry
+
+    def _stop_waiting(self, job: Job) -> None:
+        with self._waiting_lock:
+            if job.is_waiting:
+                job.is_waiting = False
+                self._num_waiting -= 1
+                self._metrics.waiting.set(self._num_waiting)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
@@ -107,14 +154,14 @@ class ModelService:
     # ------------------------------------------------------------ preprocessing threads
 
     def _prepare(self, job: Job) -> None:
-        if job.future.done():                  # cancelled (timed out) while waiting for a thread
+        if job.future.done() or job.cancelled.is_set():   # cancelled (gone, timed out) while waiting for a thread
             return
         if self._stop.is_set():
             self._settle(job, ServiceError("The worker is shutting down.", status=503, code="shutting_down"))
             return
         try:
             images = decode_request_images(job.request, self._config.max_image_pixels)
-            job.prepared = self.engine.prepare(job.request, images)
+            job.prepared = self._with_callbacks(self.engine.prepare(job.request, images), job)
         except ProtocolError as exc:
             self._settle(job, exc)
             return
@@ -124,6 +171,27 @@ class ModelService:
                                            code="engine_error"))
             return
         self._enqueue(job)
+        if job.on_queued is not None:
+            job.on_queued()
+
+    def _with_callbacks(self, prepared: Prepared, job: Job) -> Prepared:
+        """The job's cancellation event and text callback on its Prepared (a retry's replace keeps both)."""
+        prepared.cancelled = job.cancelled
+        if job.on_text is not None:
+            prepared.on_text = lambda text: self._emit_text(job, text)
+        return prepared
+
+    def _emit_text(self, job: Job, text: str) -> None:
+        """Hand generated text to a streamed request's callback (model thread); a failing callback (the client's
+        side) never fails the batch: that request is cancelled instead."""
+        if not text or job.cancelled.is_set():
+            return
+        job.num_text_chars += len(text)
+        try:
+            job.on_text(text)
+        except Exception:  # noqa: BLE001 - one client's stream must not fail its neighbours
+            log.warning("a stream's text callback failed; cancelling that request", exc_info=True)
+            self.cancel(job, "its stream failed")
 
     def _enqueue(self, job: Job, *, front: bool = False) -> None:
         self._queue.put(job, front=front)
@@ -175,7 +243,7 @@ class ModelService:
         return window_s
 
     def _run_batch(self, batch) -> None:
-        jobs = [job for job in batch.items if job.retries or job.future.set_running_or_notify_cancel()]
+        jobs = [job for job in batch.items if self._starts(job)]
         self._metrics.queue_depth.set(len(self._queue))
         for job, wait_s in zip(batch.items, batch.queue_wait_s):
             job.queue_wait_s = wait_s
@@ -194,8 +262,26 @@ class ModelService:
             self._after_call()
             self._signals.batch_finished(time.monotonic() - started_s)
 
+    def _starts(self, job: Job) -> bool:
+        """Whether a taken job decodes now: not if it was cancelled while it waited."""
+        if job.retries:
+            return not job.cancelled.is_set() or self._settle_cancelled(job)
+        if not job.future.set_running_or_notify_cancel():     # cancelled while it waited: dropped
+            return False
+        self._stop_waiting(job)
+        return True
+
+    def _settle_cancelled(self, job: Job) -> bool:
+        self._settle(job, CancelledError("the client went away or timed out"))
+        return False
+
     def _row_done(self, job: Job, outcome: Completion | Exception) -> None:
-        """One row ended (model thread): answer it, or queue it again as a retry."""
+        """One row ended (model thread): answer it, or queue it again as a retry (never a cancelled row, and
+        never a stream that already sent text)."""
+        if job.cancelled.is_set():
+            self._metrics.engine_calls.labels(outcome="cancelled").inc()
+            self._settle_cancelled(job)
+            return
         if isinstance(outcome, Exception):
             self._engine_failed([job], outcome)
             return
@@ -204,7 +290,7 @@ class ModelService:
         problem = output_problem(outcome, schema) if schema is not None else None
         if problem is None:
             self._answer(job, outcome)
-        elif job.retries < self._config.max_retries:
+        elif job.retries < self._config.max_retries and not job.num_text_chars:
             self._count_invalid(problem)
             job.retries += 1
             job.prepared = dataclasses.replace(job.prepared, request=retry_request(
@@ -213,9 +299,10 @@ class ModelService:
         else:
             self._count_invalid(problem)
             self._metrics.schema_failures.inc()
+            streamed = " (a streamed answer is not retried once text was sent)" if job.num_text_chars else ""
             self._settle(job, ServiceError(
-                f"The model's answer did not match the requested JSON schema after {job.retries} retries: "
-                f"{problem}.", status=502, code="schema_mismatch"))
+                f"The model's answer did not match the requested JSON schema after {job.retries} retries"
+                f"{streamed}: {problem}.", status=502, code="schema_mismatch"))
 
     def _answer(self, job: Job, completion: Completion) -> None:
         completion.retries = job.retries
@@ -235,11 +322,11 @@ class ModelService:
 
     def _engine_failed(self, jobs: list[Job], exc: Exception) -> None:
         if isinstance(exc, ProtocolError):      # the engine refused the request itself (e.g. a schema)
-            self._metrics.engine_calls.inc(len(jobs), outcome="rejected")
+            self._metrics.engine_calls.labels(outcome="rejected").inc(len(jobs))
             error: Exception = exc
         else:
             log.warning("engine failed: %s", _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
-            self._metrics.engine_calls.inc(len(jobs), outcome="error")
+            self._metrics.engine_calls.labels(outcome="error").inc(len(jobs))
             error = ServiceError(f"The engine failed on this request: {_one_line(exc)}", status=500,
                                  code="engine_error")
         for job in jobs:
@@ -247,12 +334,12 @@ class ModelService:
                 self._settle(job, error)
 
     def _count_completion(self, completion: Completion) -> None:
-        self._metrics.engine_calls.inc(outcome="ok")
+        self._metrics.engine_calls.labels(outcome="ok").inc()
         self._metrics.prompt_tokens.inc(completion.prompt_tokens)
         self._metrics.completion_tokens.inc(completion.completion_tokens)
         kv_cache = completion.extra.get("kv_cache")
         if kv_cache in ("exact", "similar", "miss"):
-            self._metrics.kv_lookups.inc(result=kv_cache)
+            self._metrics.kv_lookups.labels(result=kv_cache).inc()
 
     def _after_call(self) -> None:
         self._update_cache_metrics()
@@ -262,13 +349,13 @@ class ModelService:
             log.warning("engine.after_call failed", exc_info=True)
             return
         self._metrics.cache_releases.inc()
-        self._metrics.cuda_empty_cache.set(self.engine.stats().num_cuda_empty_cache_calls)
+        self._metrics.advance_to(self._metrics.cuda_empty_cache, self.engine.stats().num_cuda_empty_cache_calls)
 
     def _update_cache_metrics(self) -> None:
         stats = self.engine.stats()
         self._metrics.kv_bytes.set(stats.kv_bytes)
         self._metrics.kv_entries.set(stats.kv_entries)
-        self._metrics.kv_evictions.set(stats.kv_evictions)
+        self._metrics.advance_to(self._metrics.kv_evictions, stats.kv_evictions)
 
     def _count_invalid(self, problem: str) -> None:
         self._metrics.invalid_outputs.inc()
@@ -288,6 +375,11 @@ class ModelService:
                 self.engine.close()
             except Exception:  # noqa: BLE001
                 log.warning("engine.close failed", exc_info=True)
+
+
+def timeout_error(timeout_s: float) -> ServiceError:
+    return ServiceError(f"The model did not answer within {timeout_s:g} s (--request-timeout-s); it is busy or "
+                        "the request is too large.", status=504, code="timeout")
 
 
 def _one_line(exc: BaseException) -> str:

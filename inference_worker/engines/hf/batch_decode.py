@@ -63,6 +63,7 @@ class Row:
     inputs: PromptInputs
     sampling: SamplingParams
     schema: dict[str, Any] | None = None
+    on_token: Callable[[int], None] | None = None   # a streamed row: called with each token as it is chosen
 
 
 @dataclass
@@ -175,6 +176,8 @@ class BatchDecoder:
             grammar.advance(rows, tokens)
         for i, (state, token) in enumerate(zip(live, tokens)):
             state.tokens.append(token)
+            if state.row.on_token is not None:
+                state.row.on_token(token)
             if state.logits is not None:
                 state.logits.append(logits[i].clone())
 

@@ -15,6 +15,7 @@ from inference_worker.engines.hf.batch_decode import (BatchDecoder, FrameKey, Pr
 from inference_worker.engines.hf.loading import LoadedModel, LoadSpec, load_model
 from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
+from inference_worker.engines.hf.text_stream import text_stream
 from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class TransformersEngine(Engine):
     def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
         apply_num_threads(self.num_threads)
         rows = [Row(self._on_device(item.inputs), item.request.sampling,
-                    item.request.json_schema if self.use_grammar else None) for item in items]
+                    item.request.json_schema if self.use_grammar else None,
+                    on_token=text_stream(self.tokenizer, self.eos_token_ids, item.on_text)) for item in items]
         self.decoder.run(rows, lambda index, result: on_done(
             index, result if isinstance(result, Exception) else self._completion(result)))
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from inference_worker.engines.base import Engine
+from inference_worker.engines.base import Engine, Prepared, emit_in_pieces
 from inference_worker.engines.ocr.reader import OcrConfig, OcrLine, OcrReader, ReadResult
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
 from inference_worker.engines.ocr.concepts import (LineLike, ScreenDescription, clean, compact, compose_summary,
@@ -51,6 +51,11 @@ class OcrEngine(Engine):
             completion_tokens=approx_tokens(text),
             extra={"ocr": ocr_facts(reads, time.perf_counter() - started)},
         )
+
+    def complete_prepared(self, item: Prepared) -> Completion:
+        completion = self.complete(item.request, item.images)
+        emit_in_pieces(completion.text, item.on_text)     # a streamed request gets the answer word by word
+        return completion
 
     def close(self) -> None:
         self.reader.close()
