@@ -106,10 +106,10 @@ def approx_tokens(text: str) -> int:
 
 
 def _schema_problem(data: dict[str, Any], schema: dict[str, Any]) -> str | None:
-    import jsonschema
+    """Checked by the worker's safe validator (local $refs only, RE2 patterns): the summary echoes the question."""
+    from inference_worker.serving.validation import schema_problem
 
-    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(data))
-    return None if error is None else error.message[:200]
+    return schema_problem(data, schema)
 
 
 def _shifted(line: OcrLine, offset_px: int) -> OcrLine:
