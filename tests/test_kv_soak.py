@@ -1,0 +1,23 @@
+"""The KV soak (benchmarks/kv_soak.py), shortened for CI: distinct frames against a real worker serving the tiny
+Idefics3 model. Once the frame cache is full the worker's RSS is flat, and it never grows past the budget (plus
+the slack of a warming process). The full 1,000-frame soak is `python -m benchmarks.kv_soak` (~80 s here)."""
+
+from __future__ import annotations
+
+from benchmarks.kv_soak import soak
+from tests.fixtures.worker import running_worker
+
+KV_CACHE_MB = 12                  # the tiny model's ~190 KB entries fill it by request ~65
+NUM_FRAMES = 450
+
+
+def test_rss_is_flat_once_the_kv_cache_is_full(tiny_idefics3_dir, tmp_path):
+    with running_worker(["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1",
+                         "--kv-cache-mb", str(KV_CACHE_MB)], tmp_path) as worker:
+        result = soak(worker, NUM_FRAMES, KV_CACHE_MB)
+    last = NUM_FRAMES - 1
+    assert result.first_eviction_at is not None and result.first_eviction_at < 150, result
+    assert result.kv_bytes[last] <= KV_CACHE_MB * 2**20
+    assert result.growth_pct_200_to_end <= 5.0, result          # measured: 0.1 %
+    grown_mb = result.rss_mb[last] - result.rss_mb[0]
+    assert grown_mb <= KV_CACHE_MB * 1.1 + 16, f"RSS grew {grown_mb:.1f} MB for a {KV_CACHE_MB} MB cache: {result}"
