@@ -303,3 +303,11 @@ def test_eps_never_reaches_ghostscript(tmp_path, monkeypatch, screen_png):
             assert status == status_wanted, (mime, body)
         assert_serves(worker, screen_png)
     assert not canary.exists(), f"Ghostscript ran: {canary.read_text()}"
+
+
+def test_a_fan_out_of_references_is_refused_with_400(ocr_worker, screen_png):
+    levels = {f"l{i}": {"anyOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]} for i in range(40)}
+    levels["l40"] = {"type": "string"}
+    status, body = ocr_worker.request("POST", CHAT, chat(screen_png, schema={"$defs": levels, "$ref": "#/$defs/l0"}))
+    assert_client_error(status, body, "expand to more than 10,000 subschemas")
+    assert_serves(ocr_worker, screen_png)

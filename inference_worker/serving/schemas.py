@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ class SchemaLimits:
     max_pattern_chars: int = 1_000
     max_pattern_memory_bytes: int = 1 << 20    # RE2's compile budget per pattern
     max_validation_steps: int = 200_000        # keyword evaluations while validating one answer
+    max_validation_ms: int = 500               # and the time they may take (legitimate schemas need ~1 ms)
+    max_in_place_expansion: int = 10_000       # subschemas $ref/allOf/anyOf/... apply to one value, expanded
     max_answer_depth: int = 64                 # nesting of the answer validated against a schema
     max_cache_bytes: int = 32 * 1024 * 1024
 
@@ -72,7 +75,8 @@ DEFAULT_LIMITS = SchemaLimits()
 
 
 class ValidationBudgetExceeded(RuntimeError):
-    """Validating one answer took more keyword evaluations than `SchemaLimits.max_validation_steps`."""
+    """Validating one answer took more keyword evaluations than `SchemaLimits.max_validation_steps`, or longer
+    than `max_validation_ms`."""
 
 
 def refuse(message: str) -> ProtocolError:
@@ -87,6 +91,7 @@ class CompiledSchema:
     validator: Any
     num_bytes: int
     max_steps: int
+    max_seconds: float
     max_answer_depth: int
 
     def first_error(self, data: Any) -> str | None:
@@ -94,12 +99,12 @@ class CompiledSchema:
         depth = json_depth(data, self.max_answer_depth)
         if depth > self.max_answer_depth:
             return f"the answer nests deeper than {self.max_answer_depth} levels"
-        _STEPS.left = self.max_steps
+        _STEPS.left, _STEPS.deadline_s = self.max_steps, time.monotonic() + self.max_seconds
         try:
             error = jsonschema.exceptions.best_match(self.validator.iter_errors(data))
         except ValidationBudgetExceeded:
-            return (f"checking the answer against the schema took more than {self.max_steps:,} steps; "
-                    "simplify the schema (fewer nested anyOf/oneOf/$ref)")
+            return (f"checking the answer against the schema took more than {self.max_steps:,} steps or "
+                    f"{self.max_seconds:g} s; simplify the schema (fewer nested anyOf/oneOf/$ref)")
         except RecursionError:
             return "checking the answer against the schema nested too deep"
         finally:
@@ -118,13 +123,14 @@ def compile_schema(schema: Any, limits: SchemaLimits = DEFAULT_LIMITS) -> Compil
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     _check_size(text, limits)
     cls = _dialect(schema)
-    walk = _SchemaWalk(schema, legacy_id=cls is jsonschema.Draft4Validator)
+    walk = _SchemaWalk(schema, legacy_id=cls is jsonschema.Draft4Validator,
+                       max_expansion=limits.max_in_place_expansion)
     walk.run()
     patterns = {p: compile_pattern(p, where, limits) for p, where in walk.patterns.items()}
     _check_against_metaschema(cls, schema)
     validator = _safe_validator_class(cls, patterns)(schema, registry=REFUSING_REGISTRY)
     return CompiledSchema(validator, _held_bytes(text, patterns), limits.max_validation_steps,
-                          limits.max_answer_depth)
+                          limits.max_validation_ms / 1000, limits.max_answer_depth)
 
 
 def _check_shape(schema: dict, limits: SchemaLimits) -> None:
@@ -196,8 +202,9 @@ class _SchemaWalk:
     """Every subschema reachable from the root (through schema keywords and local `$ref`s): refuses remote or
     broken references and refused keywords, gathers the patterns, and finds in-place `$ref` loops."""
 
-    def __init__(self, root: dict, *, legacy_id: bool):
+    def __init__(self, root: dict, *, legacy_id: bool, max_expansion: int):
         self.root = root
+        self.max_expansion = max_expansion
         self.legacy_id = legacy_id                       # draft 4 names resources with "id"
         self.patterns: dict[str, str] = {}               # pattern -> where it was first seen
         self._in_place: dict[int, list[tuple[int, str]]] = {}   # node -> [(node, where)] applied in place
@@ -265,8 +272,10 @@ class _SchemaWalk:
         return node
 
     def _refuse_loops(self) -> None:
-        """A cycle of in-place edges ($ref, allOf, anyOf, ...) would validate forever on the same value."""
+        """A cycle of in-place edges ($ref, allOf, anyOf, ...) would validate forever on the same value; a chain
+        of them that fans out (`a: anyOf [b, b]`, `b: anyOf [c, c]`, ...) would take exponential time."""
         state: dict[int, int] = {}                       # 1 = on the current path, 2 = done
+        expansion: dict[int, int] = {}                   # subschemas applied to one value from this node
         for start in self._in_place:
             if state.get(start):
                 continue
@@ -278,6 +287,11 @@ class _SchemaWalk:
                 if edge is None:
                     state[node] = 2
                     path.pop()
+                    expansion[node] = 1 + sum(expansion[child] for child, _ in self._in_place.get(node, ()))
+                    if expansion[node] > self.max_expansion:
+                        raise refuse(f"at {self._where.get(node, '#')}, '$ref'/'allOf'/'anyOf'/'oneOf' expand to "
+                                     f"more than {self.max_expansion:,} subschemas applied to the same value; "
+                                     "simplify the schema (fewer nested references to references).")
                     continue
                 child, where = edge
                 if state.get(child) == 1:
@@ -365,7 +379,7 @@ def _spend_step() -> None:
     left = getattr(_STEPS, "left", None)
     if left is None:
         return
-    if left <= 0:
+    if left <= 0 or (left % 64 == 0 and time.monotonic() > _STEPS.deadline_s):
         raise ValidationBudgetExceeded()
     _STEPS.left = left - 1
 
