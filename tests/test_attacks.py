@@ -311,3 +311,28 @@ def test_a_fan_out_of_references_is_refused_with_400(ocr_worker, screen_png):
     status, body = ocr_worker.request("POST", CHAT, chat(screen_png, schema={"$defs": levels, "$ref": "#/$defs/l0"}))
     assert_client_error(status, body, "expand to more than 10,000 subschemas")
     assert_serves(ocr_worker, screen_png)
+
+
+def test_a_huge_question_does_not_hold_the_ocr_engine(ocr_worker, screen_png):
+    """Each question word is looked for in every line: 4 MB of words once held the model thread for minutes."""
+    words = " ".join(f"w{i:07d}x" for i in range(400_000))
+    status, body = ocr_worker.request("POST", CHAT, chat(screen_png, question=f"budget {words}"), timeout_s=60.0)
+    assert status == 200, body
+    assert "budget" in body["choices"][0]["message"]["content"].lower()
+    assert ocr_worker.request("GET", "/health", auth=False, timeout_s=1.0)[0] == 200
+
+
+def test_hostile_screen_text_is_matched_in_bounded_time():
+    """Screen text is attacker content too (a web page): 60 lines of 4,000 'a.' would take the vocabulary's
+    patterns ~1 s each; only a line's start is matched."""
+    from inference_worker.engines.ocr.engine import MAX_LINE_CHARS, describe_reads
+    from inference_worker.engines.ocr.reader import OcrLine, ReadResult
+
+    lines = tuple(OcrLine("a." * 2000, (0, 20 * i, 7000, 20 * i + 18), 0.9) for i in range(60))
+    read = ReadResult(lines, ((0, 0, 7680, 1300),), True, (7680, 1300), 0.1)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(describe_reads([read], "what is this")), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert result, "describing hostile lines did not finish"
+    assert all(len(line) <= MAX_LINE_CHARS for line in result[0].summary.split("\n"))
