@@ -60,7 +60,7 @@ class SchemaLimits:
     max_pattern_chars: int = 1_000
     max_pattern_memory_bytes: int = 1 << 20    # RE2's compile budget per pattern
     max_validation_steps: int = 200_000        # keyword evaluations while validating one answer
-    max_validation_ms: int = 500               # and the time they may take (legitimate schemas need ~1 ms)
+    max_validation_ms: int = 250               # and the time they may take (legitimate schemas need ~1 ms)
     max_in_place_expansion: int = 10_000       # subschemas $ref/allOf/anyOf/... apply to one value, expanded
     max_answer_depth: int = 64                 # nesting of the answer validated against a schema
     max_cache_bytes: int = 32 * 1024 * 1024
@@ -404,7 +404,13 @@ def _safe_validator_class(cls, patterns: dict[str, Any]):
     ValidationError = jsonschema.exceptions.ValidationError
 
     def search(pattern: str, text: str) -> bool:
-        return patterns[pattern].search(_text(text)) is not None
+        compiled = patterns.get(pattern)
+        if compiled is None:                           # a place the walk did not reach: still RE2, never `re`
+            try:
+                compiled = patterns.setdefault(pattern, compile_pattern(pattern))
+            except ProtocolError:
+                return False
+        return compiled.search(_text(text)) is not None
 
     def pattern(validator, patrn, instance, schema):
         if validator.is_type(instance, "string") and not search(patrn, instance):
