@@ -22,3 +22,16 @@ def test_rss_is_flat_once_the_kv_cache_is_full(tiny_idefics3_dir, tmp_path):
     assert result.growth_pct_200_to_end <= 5.0, result          # measured: 0.1 %
     grown_mb = result.rss_mb[last] - result.rss_mb[0]
     assert grown_mb <= KV_CACHE_MB * 1.1 + 16, f"RSS grew {grown_mb:.1f} MB for a {KV_CACHE_MB} MB cache: {result}"
+
+
+def test_the_soak_benchmark_writes_its_table_and_json(tmp_path, capsys):
+    import json
+
+    from benchmarks import kv_soak
+
+    out = tmp_path / "kv_soak.json"
+    assert kv_soak.main(["--num-frames", "12", "--kv-cache-mb", "1", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["num_frames"] == 12 and report["first_eviction_at"] is not None
+    assert set(report["rss_mb"]) >= {"0", "11"} and report["kv_bytes"]["11"] <= 2**20
+    assert "RSS growth from request 200" in capsys.readouterr().out
