@@ -382,7 +382,7 @@ class App:
         worker_state = getattr(self.supervisor, "state", "")
         if self.is_paused:
             state = PAUSED
-        elif worker_state == "down":
+        elif worker_state in ("down", "unresponsive"):
             state = WORKER_DOWN
         elif self._busy.is_set():
             state = BUSY

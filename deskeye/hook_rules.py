@@ -3,13 +3,20 @@
     [[hook]]
     name = "unread-mail"
     match = ["email", "inbox", "邮件"]             # keywords (substring, case-insensitive); or regex = "..."
-    run = ["notify-send", "DeskEye", "{summary}"]  # argv; {summary} {object} {key_objects} are filled in
+    run = ["notify-send", "DeskEye", "--", "{summary}"]   # argv; {summary} {object} {key_objects} are filled in
                                                    # ({key_objects}: all of them joined by ", ")
     open_url = "https://mail.example.org"          # optional; http(s) only, from the rule, never from model text
     keys = ["ctrl", "shift", "m"]                  # optional key combination (pyautogui)
     text = "typed as written"                      # optional text to type (pyautogui); no placeholders
     notify = true                                  # optional desktop notification with the summary
     cooldown_s = 300                               # optional, default 60
+
+Model text is untrusted, so a rule that would let it steer a program is refused when the rules load:
+- every argv element holding a placeholder must come after a `--` element (the end of options), so a value
+  such as `--use-compress-program=sh` is an operand, never an option; an option name cannot be a placeholder;
+- a shell, an interpreter or a command wrapper (`sh`, `bash`, `python`, `node`, `env`, `xargs`, `sudo`, ...)
+  cannot be the program of a rule with placeholders: it would run model text as code;
+- `regex` runs in RE2, a linear-time engine (a pattern such as `^(a+)+$` cannot block), case-insensitively.
 
 Any mistake raises HookRuleError naming the file, the rule (name or index) and what is wrong.
 """
@@ -18,9 +25,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import Any
 from urllib.parse import urlsplit
 
+import re2
 import tomllib
 
 from deskeye.errors import HookRuleError
@@ -36,6 +45,18 @@ _NAMED_KEYS = frozenset(
     "volumeup volumedown volumemute playpause nexttrack prevtrack".split()
     + [f"f{i}" for i in range(1, 25)])
 _SINGLE_KEY = re.compile(r"^[a-z0-9`\-=\[\]\\;',./]$")
+END_OF_OPTIONS = "--"
+MAX_REGEX_CHARS = 1000
+MAX_REGEX_MEMORY_BYTES = 1 << 20
+#: programs that run their arguments (or their standard input) as code, or run another program on them
+CODE_RUNNERS = frozenset("""
+sh bash dash zsh ksh mksh pdksh oksh yash ash csh tcsh fish rc es nu elvish xonsh busybox toybox
+python pythonw python2 python3 pypy pypy3 ipython perl ruby irb node nodejs deno bun php lua luajit tclsh wish
+jshell groovy scala kotlin julia r rscript osascript pwsh powershell cmd wscript cscript awk gawk mawk nawk
+env sudo doas su pkexec runuser nohup nice ionice chrt taskset timeout setsid stdbuf unbuffer xargs parallel
+time chroot unshare nsenter flatpak-spawn systemd-run script watch exec eval command builtin strace ltrace
+gdb expect
+""".split())
 
 
 @dataclass(frozen=True)
@@ -43,7 +64,7 @@ class HookRule:
     name: str
     source: str                        # the file it came from
     keywords: tuple[str, ...] = ()     # casefolded substrings; or
-    regex: re.Pattern | None = None    # searched case-insensitively
+    regex: Any = None                  # a compiled RE2 pattern, searched case-insensitively
     run: tuple[str, ...] = ()          # argv template
     open_url: str = ""
     keys: tuple[str, ...] = ()
@@ -140,16 +161,24 @@ def _keywords(table: dict, fail) -> tuple[str, ...]:
     return tuple(w.strip().casefold() for w in words)
 
 
-def _regex(table: dict, fail) -> re.Pattern | None:
+def _regex(table: dict, fail):
     if "regex" not in table:
         return None
     pattern = table["regex"]
     if not isinstance(pattern, str) or not pattern:
         fail("'regex' must be a non-empty string.")
+    if len(pattern) > MAX_REGEX_CHARS:
+        fail(f"'regex' is {len(pattern):,} characters; at most {MAX_REGEX_CHARS:,} are accepted.")
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False
+    options.max_mem = MAX_REGEX_MEMORY_BYTES
     try:
-        return re.compile(pattern, re.IGNORECASE)
-    except re.error as exc:
-        fail(f"bad regex {pattern!r}: {exc}.")
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        fail(f"bad regex {pattern!r}: {reason} (regexes run in RE2, a linear-time engine: no lookaround or "
+             "backreferences).")
 
 
 def _run(value, fail) -> tuple[str, ...]:
@@ -157,14 +186,42 @@ def _run(value, fail) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
         fail("'run' must be a non-empty list of strings (the program and its arguments, no shell), "
-             "e.g. run = [\"notify-send\", \"DeskEye\", \"{summary}\"].")
+             "e.g. run = [\"notify-send\", \"DeskEye\", \"--\", \"{summary}\"].")
     if not value[0].strip():
         fail("'run' starts with an empty program name.")
     if PLACEHOLDER.search(value[0]):
         fail("the program (first element of 'run') cannot contain a placeholder; model text never picks the program.")
     if any("\x00" in a for a in value):
         fail("'run' contains a NUL character.")
+    _refuse_model_text_as_code(value, fail)
+    _refuse_model_text_as_options(value, fail)
     return tuple(value)
+
+
+def is_code_runner(program: str) -> bool:
+    """True for a shell, interpreter or wrapper, whatever its path, case, `.exe` or version (`python3.11`)."""
+    name = re.sub(r"\.(exe|com|bat|cmd)$", "", PurePath(program.replace("\\", "/")).name.lower())
+    return name in CODE_RUNNERS or re.sub(r"[\d.-]+$", "", name) in CODE_RUNNERS
+
+
+def _refuse_model_text_as_code(argv: list[str], fail) -> None:
+    if is_code_runner(argv[0]) and any(map(PLACEHOLDER.search, argv)):
+        fail(f"'run' passes model text to {argv[0]!r}, which runs its arguments as code or as another command "
+             "(shells, interpreters and wrappers such as env or xargs); put the logic in a script file and "
+             "run it with the placeholder as a plain argument, e.g. run = [\"/path/to/script\", \"--\", "
+             "\"{summary}\"].")
+
+
+def _refuse_model_text_as_options(argv: list[str], fail) -> None:
+    """Model text must never be read as an option: placeholders only after `--`, never in an option's name."""
+    end = argv.index(END_OF_OPTIONS) if END_OF_OPTIONS in argv else len(argv)
+    for position, element in enumerate(argv[1:], start=1):
+        if not PLACEHOLDER.search(element):
+            continue
+        if re.match(r"^-+\{", element) or position < end:
+            fail(f"'run' element {element!r} holds a placeholder before '--': model text starting with '-' would "
+                 "reach the program as an option. Put \"--\" (the end of options) before the first placeholder, "
+                 "e.g. run = [\"notify-send\", \"DeskEye\", \"--\", \"{summary}\"].")
 
 
 def _url(value, fail) -> str:

@@ -5,7 +5,10 @@ port chosen by the OS, with a state file in a private temporary folder; the work
 per-launch API key there once it is listening. The supervisor then polls GET /health until it answers 200.
 A monitor thread watches the child: when it dies it is restarted with exponential backoff, at most
 `worker.max_restarts` times within `worker.restart_window_s`; after that the state is "down" and
-`endpoint()` raises `WorkerUnavailable` with the worker's last output lines.
+`endpoint()` raises `WorkerUnavailable` with the worker's last output lines. While it serves, the monitor
+also probes GET /health (`HealthProbe`): a worker that stops answering (hung, deadlocked, SIGSTOPped) is
+reported "unresponsive" after `max_missed` probes in a row, killed (SIGKILL: a stopped process cannot act on
+SIGTERM) and restarted the same way as one that died.
 
 With `worker.url` set no process is run: `endpoint()` returns that URL and key (state "external"), so an
 external OpenAI-compatible server is used through exactly the same client code.
@@ -35,11 +38,33 @@ from deskeye.settings import Settings, worker_api_key
 log = logging.getLogger(__name__)
 
 STARTING, READY, RESTARTING, DOWN, EXTERNAL, STOPPED = "starting", "ready", "restarting", "down", "external", "stopped"
+UNRESPONSIVE = "unresponsive"    # serving, then stopped answering its health probe: being killed and restarted
 MAX_OUTPUT_LINES = 40            # the worker's last lines kept for error messages
 POLL_INTERVAL_S = 0.1
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 STOP_TIMEOUT_S = 5.0             # SIGTERM, then SIGKILL after this long
+
+
+@dataclass(frozen=True)
+class HealthProbe:
+    """How a serving worker is checked: GET /health every `interval_s`, each with `timeout_s`; `max_missed`
+    probes in a row without an answer mean it hangs. Detection takes at most about
+    `max_missed * (interval_s + timeout_s)` (~9 s by default); a busy worker still answers /health at once."""
+    interval_s: float = 1.0
+    timeout_s: float = 2.0
+    max_missed: int = 3
+
+    def __post_init__(self):
+        if not self.interval_s > 0 or not self.timeout_s > 0:
+            raise ValueError(f"HealthProbe interval_s and timeout_s must be > 0; got {self.interval_s}, "
+                             f"{self.timeout_s}")
+        if not isinstance(self.max_missed, int) or self.max_missed < 1:
+            raise ValueError(f"HealthProbe.max_missed must be an integer >= 1; got {self.max_missed!r}")
+
+    @property
+    def max_detection_s(self) -> float:
+        return self.max_missed * (self.interval_s + self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -71,11 +96,14 @@ def worker_command(settings: Settings, state_file: Path) -> list[str]:
 
 
 class WorkerSupervisor:
-    def __init__(self, settings: Settings, *, on_state_change: Callable[[str], None] | None = None):
+    def __init__(self, settings: Settings, *, on_state_change: Callable[[str], None] | None = None,
+                 probe: HealthProbe = HealthProbe()):
         self.settings = settings
         self.on_state_change = on_state_change or (lambda state: None)
+        self.probe = probe
         self.is_external = bool(settings.worker.url)
         self.num_restarts = 0
+        self.num_hangs = 0               # workers killed because they stopped answering /health
         self._state = EXTERNAL if self.is_external else STOPPED
         self._endpoint: Endpoint | None = None
         self._failure: WorkerUnavailable | None = None
@@ -221,13 +249,46 @@ class WorkerSupervisor:
                 return
             while not self._stop.is_set():
                 if self._proc is not None and self._proc.poll() is None:
-                    self._stop.wait(POLL_INTERVAL_S)
+                    self._watch_health(self._proc)
                     continue
                 if not self._restart_after_death():
                     return
         except Exception as exc:                 # never die silently: report it as "down"
             log.exception("worker monitor failed")
             self._set_state(DOWN, failure=WorkerUnavailable(f"The worker monitor failed: {exc}"))
+
+    def _watch_health(self, proc: subprocess.Popen) -> None:
+        """Probe the serving worker until it exits, the supervisor stops, or it hangs (then kill it: the monitor
+        loop restarts it like a dead one)."""
+        missed = 0
+        while not self._stop.is_set() and proc.poll() is None:
+            if self._stop.wait(self.probe.interval_s):
+                return
+            endpoint = self._endpoint
+            if endpoint is None or self._answers_health(endpoint):
+                missed = 0
+                continue
+            missed += 1
+            if missed >= self.probe.max_missed and proc.poll() is None:
+                log.warning("deskeye-worker (pid %d) did not answer GET /health %d times in a row; killing it",
+                            proc.pid, missed)
+                self.num_hangs += 1
+                self._set_state(UNRESPONSIVE)
+                proc.kill()
+                proc.wait(timeout=STOP_TIMEOUT_S)
+                return
+
+    def _answers_health(self, endpoint: Endpoint) -> bool:
+        """Any HTTP answer to GET /health within the probe's timeout (503 while busy loading still answers)."""
+        request = urllib.request.Request(f"{endpoint.url}/health")
+        try:
+            with urllib.request.urlopen(request, timeout=self.probe.timeout_s) as response:
+                response.read()
+            return True
+        except urllib.error.HTTPError:
+            return True
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
 
     def _restart_after_death(self) -> bool:
         """The worker died: restart it (True) or give up and report "down" (False)."""

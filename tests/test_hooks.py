@@ -3,11 +3,13 @@ the audit log, bad rule files, notifications on a real D-Bus, and the `deskeye h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,12 @@ from deskeye.notify import Notifier
 from inference_worker.protocol import Description
 
 REPO = Path(__file__).resolve().parent.parent
-# Appends {"argv": [...], "env": {...}} as one JSON line to the file named by its first argument.
-RECORDER = ("import json, os, sys; "
-            "env = {k: v for k, v in os.environ.items() if k.startswith('DESKEYE_')}; "
-            "open(sys.argv[1], 'a', encoding='utf-8').write(json.dumps({'argv': sys.argv[2:], 'env': env}) + '\\n')")
+# A script (not an interpreter: rules may not hand model text to one) run as [RECORDER, OUT, "--", ARGS...]:
+# appends {"argv": ARGS, "env": {DESKEYE_*}} as one JSON line to OUT.
+RECORDER_CODE = ("import json, os, sys\n"
+                 "assert sys.argv[2] == '--', sys.argv\n"
+                 "env = {k: v for k, v in os.environ.items() if k.startswith('DESKEYE_')}\n"
+                 "open(sys.argv[1], 'a', encoding='utf-8').write(json.dumps({'argv': sys.argv[3:], 'env': env}) + '\\n')\n")
 
 
 class FakeClock:
@@ -40,8 +44,16 @@ def write_rules(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def recorder_script(folder: Path) -> str:
+    script = folder / "recorder"
+    if not script.exists():
+        script.write_text(f"#!{sys.executable}\n{RECORDER_CODE}", encoding="utf-8")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
 def recorder_rule(out: Path, name: str = "mail", match: str = '["inbox", "邮件"]', cooldown_s: float = 60) -> str:
-    run = json.dumps([sys.executable, "-c", RECORDER, str(out), "{summary}", "{object}", "{key_objects}"])
+    run = json.dumps([recorder_script(out.parent), str(out), "--", "{summary}", "{object}", "{key_objects}"])
     return f'[[hook]]\nname = "{name}"\nmatch = {match}\nrun = {run}\ncooldown_s = {cooldown_s}\n'
 
 
@@ -126,7 +138,7 @@ def test_model_text_reaches_the_command_as_one_literal_argv_element(tmp_path, pa
     assert not canary.exists()
     [line] = audit.read_text(encoding="ascii").splitlines()   # hostile newlines cannot split the audit line
     entry = json.loads(line)
-    assert entry["argv"][4:] == [payload, f"inbox {payload}", f"inbox {payload}, {payload}"]
+    assert entry["argv"][3:] == [payload, f"inbox {payload}", f"inbox {payload}, {payload}"]
     assert (entry["hook"], entry["object"], entry["dry_run"], entry["exit_code"]) == \
         ("mail", f"inbox {payload}", False, 0)
     assert firing.argv == entry["argv"]
@@ -162,7 +174,7 @@ def test_command_past_its_timeout_is_killed_and_reaped(tmp_path):
 
 def test_missing_program_is_reported_not_raised(tmp_path):
     path = write_rules(tmp_path, '[[hook]]\nname = "gone"\nmatch = ["x"]\n'
-                                 'run = ["/nonexistent/deskeye-tool", "{summary}"]\n')
+                                 'run = ["/nonexistent/deskeye-tool", "--", "{summary}"]\n')
     [firing] = fire_and_wait(HookRunner(load_rules(path)), Description("s", ["x"]))
     assert not firing.ok and "cannot run '/nonexistent/deskeye-tool'" in firing.errors[0]
 
@@ -245,7 +257,7 @@ def test_hooks_fire_command_runs_the_matching_hooks_like_the_app(tmp_path):
          "--key-objects", json.dumps(["Inbox (2)", "Desk"]), "--summary", summary],
         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    argv = [sys.executable, "-c", RECORDER, str(out), summary, "Inbox (2)", "Inbox (2), Desk"]
+    argv = [recorder_script(tmp_path), str(out), "--", summary, "Inbox (2)", "Inbox (2), Desk"]
     assert done.stdout.splitlines() == [f'fired mail on "Inbox (2)": run {json.dumps(argv)} -> exit 0']
     assert recorded(out)[0]["argv"] == [summary, "Inbox (2)", "Inbox (2), Desk"]
     assert opened.read_text() == "https://mail.example.org/inbox"
@@ -326,3 +338,83 @@ def test_keys_and_text_are_pressed_on_a_real_display(tmp_path, xdisplay):
         window.stdin.close()
         window.wait(10)
     assert ["m", True] in seen["combos"] and seen["text"] == "hello deskeye"
+
+
+# ------------------------------------------------------------------ model text never steers a program
+
+def tar_rule(archive: Path, member: Path, *, end_of_options: bool) -> dict:
+    run = ["tar", "-cf", str(archive), *(["--"] if end_of_options else []), "{object}", str(member)]
+    return {"name": "archive", "match": ["compress"], "run": run}
+
+
+def test_an_option_in_model_text_never_reaches_tar(tmp_path):
+    """The attack: a key object `--use-compress-program=...` made `tar ... {object}` run a program."""
+    canary = tmp_path / "PWNED"
+    member = tmp_path / "notes.txt"
+    member.write_text("notes")
+    hostile = Description("s", [f"--use-compress-program=touch {canary}"])
+    # the trap is real: the rule without '--', built past the loader's checks, makes tar run the program
+    [checked] = parse_rules({"hook": [tar_rule(tmp_path / "a.tar", member, end_of_options=True)]}, "t")
+    unchecked = dataclasses.replace(checked, run=tuple(a for a in checked.run if a != "--"))
+    fire_and_wait(HookRunner([unchecked], command_timeout_s=20), hostile)
+    assert canary.exists(), "tar did not run the compress program: the trap is broken"
+    canary.unlink()
+
+    with pytest.raises(HookRuleError, match="before '--'"):
+        parse_rules({"hook": [tar_rule(tmp_path / "b.tar", member, end_of_options=False)]}, "t")
+    [firing] = fire_and_wait(HookRunner([checked], command_timeout_s=20), hostile)
+    assert firing.argv[3:5] == ["--", hostile.key_objects[0]]     # an operand: a file name tar does not find
+    assert firing.exit_code != 0 and not canary.exists()
+
+
+CODE_RUNNER_RULES = [
+    ["sh", "-c", "echo {summary}"],
+    ["/bin/bash", "-c", "notify-send -- \"$1\"", "bash", "--", "{summary}"],
+    ["python3", "-c", "print('{summary}')"],
+    ["/usr/bin/python3.11", "-c", "import sys; print(sys.argv)", "--", "{object}"],
+    ["env", "sh", "-c", "echo {summary}"],
+    ["env", "FOO=1", "notify-send", "--", "{summary}"],
+    ["xargs", "-0", "--", "{summary}"],
+    ["node", "-e", "console.log('{summary}')"],
+    ["perl", "-e", "print '{object}'"],
+    ["PowerShell.exe", "-Command", "{summary}"],
+]
+
+
+@pytest.mark.parametrize("run", CODE_RUNNER_RULES, ids=lambda run: " ".join(run[:2]))
+def test_a_shell_or_interpreter_with_placeholders_is_refused_when_the_rules_load(tmp_path, run):
+    path = write_rules(tmp_path, f'[[hook]]\nname = "code"\nmatch = ["x"]\nrun = {json.dumps(run)}\n')
+    with pytest.raises(HookRuleError) as caught:
+        load_rules(path)
+    assert "runs its arguments as code" in str(caught.value) and "'code'" in str(caught.value)
+
+
+def test_a_shell_without_placeholders_and_a_plain_program_after_dashes_load(tmp_path):
+    rules = parse_rules({"hook": [
+        {"name": "fixed", "match": ["x"], "run": ["sh", "-c", "notify-send DeskEye 'mail arrived'"]},
+        {"name": "plain", "match": ["x"], "run": ["notify-send", "DeskEye", "--", "{summary}", "{object}"]},
+    ]}, "t")
+    assert [r.name for r in rules] == ["fixed", "plain"]
+
+
+@pytest.mark.parametrize("run", [["notify-send", "{summary}"], ["notify-send", "--title={summary}", "--", "x"],
+                                 ["prog", "-{object}", "--"], ["prog", "--", "x", "--{summary}"]])
+def test_a_placeholder_that_could_be_read_as_an_option_is_refused(run):
+    with pytest.raises(HookRuleError, match="before '--'"):
+        parse_rules({"hook": [{"name": "opt", "match": ["x"], "run": run}]}, "t")
+
+
+def test_a_catastrophic_regex_does_not_block(tmp_path):
+    [rule] = parse_rules({"hook": [{"name": "redos", "regex": "^(a+)+$", "notify": True}]}, "t")
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(rule.match(["a" * 5000 + "!", "a" * 40 + "b"])),
+                              daemon=True)
+    worker.start()
+    worker.join(10)                      # a backtracking engine takes ~2**5000 steps here
+    assert result == [None], "the rule regex did not finish"
+    assert rule.match(["AAAA"]) == "AAAA"                 # still case-insensitive
+
+
+def test_a_regex_a_linear_engine_cannot_run_is_refused():
+    with pytest.raises(HookRuleError, match="RE2"):
+        parse_rules({"hook": [{"name": "look", "regex": "(?<=a)b", "notify": True}]}, "t")

@@ -72,15 +72,24 @@ def mail() -> Image.Image:
     return screen()
 
 
+def signature_bytes() -> int:
+    return frame_signature([screen()]).nbytes                      # one 800x600 frame's thumbnails
+
+
 def similar_cache() -> FrameCache:
-    return FrameCache(max_bytes=10_000, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    return FrameCache(max_bytes=10 * signature_bytes(), similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+
+
+def lru_cache(max_bytes: int, **options) -> FrameCache:
+    """The LRU mechanics alone: no per-entry overhead, so the counted bytes are exactly the declared ones."""
+    return FrameCache(max_bytes=max_bytes, entry_overhead_bytes=0, **options)
 
 
 # --- LRU and the byte bound -------------------------------------------------------------------------------------
 
 def test_least_recently_used_entries_go_first_and_the_bound_always_holds():
     evicted = []
-    cache = FrameCache(max_bytes=100, on_evict=evicted.append)
+    cache = lru_cache(100, on_evict=evicted.append)
     assert cache.put(b"a", GROUP, None, "A", 40) and cache.put(b"b", GROUP, None, "B", 40)
     assert cache.lookup(b"a", GROUP, None).level == "exact"            # a is now the most recent
     assert cache.put(b"c", GROUP, None, "C", 40)
@@ -96,7 +105,7 @@ def test_least_recently_used_entries_go_first_and_the_bound_always_holds():
 
 
 def test_an_entry_over_the_budget_is_not_stored_and_the_cache_is_unchanged():
-    cache = FrameCache(max_bytes=100)
+    cache = lru_cache(100)
     cache.put(b"a", GROUP, None, "small", 60)
     assert not cache.put(b"big", GROUP, None, "big", 101)
     assert cache.num_entries == 1 and cache.num_bytes == 60 and cache.num_evictions == 0
@@ -104,13 +113,13 @@ def test_an_entry_over_the_budget_is_not_stored_and_the_cache_is_unchanged():
 
 
 def test_a_zero_budget_turns_the_cache_off():
-    cache = FrameCache(max_bytes=0, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    cache = lru_cache(0, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
     assert not cache.is_enabled and not cache.put(b"a", GROUP, None, "value", 0)
     assert cache.lookup(b"a", GROUP, None).level == "miss" and cache.num_entries == 0
 
 
 def test_replacing_an_entry_keeps_one_copy_and_counts_its_new_size():
-    cache = FrameCache(max_bytes=100)
+    cache = lru_cache(100)
     cache.put(b"a", GROUP, None, "old", 30)
     cache.put(b"a", GROUP, None, "new", 50)
     assert cache.num_entries == 1 and cache.num_bytes == 50 and cache.lookup(b"a", GROUP, None).value == "new"
@@ -119,7 +128,7 @@ def test_replacing_an_entry_keeps_one_copy_and_counts_its_new_size():
 def test_evicted_and_cleared_values_are_freed():
     import torch
 
-    cache = FrameCache(max_bytes=2 * 4096)
+    cache = lru_cache(2 * 4096)
     first, second = torch.zeros(1024), torch.ones(1024)                    # 4096 bytes each
     first_ref, second_ref = weakref.ref(first), weakref.ref(second)
     cache.put(b"first", GROUP, None, {"keys": (first,)}, tensor_nbytes(first))
@@ -154,7 +163,7 @@ def test_exact_similar_and_miss(mail):
 
 def test_nearest_found_while_preparing_is_used_by_the_lookup_if_still_kept(mail):
     """The similar search runs off the model thread (`nearest`); the lookup then only checks the entry is kept."""
-    cache = FrameCache(max_bytes=250, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    cache = lru_cache(250 + signature_bytes(), similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
     cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)
     nudged = frame_signature([with_cursor(mail, CURSORS["I-beam 2x10 (20 px)"])])
     nearest = cache.nearest(GROUP, nudged)
@@ -170,7 +179,7 @@ def test_nearest_found_while_preparing_is_used_by_the_lookup_if_still_kept(mail)
 
 def test_the_similar_search_looks_at_the_most_recent_frames_only(mail):
     from inference_worker.engines.hf.frame_cache import MAX_SIMILAR_CANDIDATES
-    cache = FrameCache(max_bytes=10**6, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    cache = FrameCache(max_bytes=10**8, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
     cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 1)
     other = frame_signature([DIFFERENT_SCREENS["other text lines"]()])
     for i in range(MAX_SIMILAR_CANDIDATES - 1):
@@ -181,7 +190,7 @@ def test_the_similar_search_looks_at_the_most_recent_frames_only(mail):
 
 
 def test_with_the_similar_level_off_a_near_identical_frame_misses(mail):
-    cache = FrameCache(max_bytes=10_000, similar_threshold=None)
+    cache = FrameCache(max_bytes=10 * signature_bytes(), similar_threshold=None)
     cache.put(b"mail", GROUP, frame_signature([mail]), "mail KV", 100)
     lookup = cache.lookup(b"mail+cursor", GROUP, frame_signature([with_cursor(mail, CURSORS["2x2 dot (4 px)"])]))
     assert lookup.level == "miss" and cache.num_similar_hits == 0
@@ -280,3 +289,70 @@ def test_content_key_tells_tensor_contents_shapes_and_types_apart():
 def test_importing_the_cache_does_not_import_torch():
     code = "import sys, inference_worker.engines.hf.frame_cache; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- what an entry really costs ------------------------------------------------------------------------------------
+
+def test_an_entry_counts_its_thumbnails_and_bookkeeping_beside_its_tensors(mail):
+    from inference_worker.engines.hf.frame_cache import ENTRY_OVERHEAD_BYTES
+
+    cache = FrameCache(max_bytes=10**8, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    signature = frame_signature([mail])
+    assert signature.nbytes == 256 * 192 * 3                   # the similar search's RGB thumbnail
+    cache.put(b"mail", GROUP, signature, "mail KV", 27_648)     # a tiny model's 16 image tokens of KV
+    assert cache.num_bytes == 27_648 + signature.nbytes + ENTRY_OVERHEAD_BYTES
+    cache.put(b"no signature", GROUP, None, "KV", 1000)
+    assert cache.num_bytes == 27_648 + signature.nbytes + 1000 + 2 * ENTRY_OVERHEAD_BYTES
+    assert not FrameCache(max_bytes=signature.nbytes).put(b"x", GROUP, signature, "KV", 1)   # does not fit
+
+
+CHURN = """
+import gc, json, sys
+import numpy as np, psutil, torch
+from PIL import Image
+from transformers import DynamicCache
+from inference_worker.engines.hf.frame_cache import FrameCache, frame_signature, tensor_nbytes
+
+budget, num_entries, num_tokens = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(1)
+cache = FrameCache(budget, similar_threshold=0.002)
+process = psutil.Process()
+
+def frame(index):
+    cells = np.random.default_rng(index).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    return Image.fromarray(cells).resize((320, 240), Image.NEAREST)
+
+def entry(index):
+    # as batch_decode keeps a prefix: a whole prompt's cache, its first num_tokens copied out, the rest freed
+    full = [(torch.randn(1, 2, num_tokens + 40, 32), torch.randn(1, 2, num_tokens + 40, 32)) for _ in range(4)]
+    prefix = DynamicCache(ddp_cache_data=[(k[:, :, :num_tokens], v[:, :, :num_tokens]) for k, v in full])
+    return prefix, frame_signature([frame(index)])
+
+for index in range(20):                                  # warm up the allocator and torch
+    entry(index)
+gc.collect()
+before = process.memory_info().rss
+for index in range(num_entries):
+    value, signature = entry(index)
+    cache.put(index.to_bytes(8, "big"), b"group", signature, value, tensor_nbytes(value))
+gc.collect()
+print(json.dumps({"grown": process.memory_info().rss - before, "entries": cache.num_entries,
+                  "counted": cache.num_bytes, "releases": cache.num_memory_releases,
+                  "tensor_bytes": tensor_nbytes(value)}))
+"""
+
+
+def test_rss_stays_within_the_budget_while_entries_churn():
+    """A fresh process fills a 48 MB cache 5 times over with prefix caches shaped like batch_decode's: its RSS
+    grows by the budget, not by the budget plus uncounted thumbnails and heap holes (before: ~2.5x)."""
+    import json as json_module
+
+    budget = 48 * 2**20
+    done = subprocess.run([sys.executable, "-c", CHURN, str(budget), "1200", "64"], capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json_module.loads(done.stdout.strip().splitlines()[-1])
+    assert report["counted"] <= budget and report["releases"] >= 1
+    grown_mb = report["grown"] / 2**20
+    print(f"RSS grew {grown_mb:.1f} MB for a {budget / 2**20:.0f} MB cache: {report}")
+    assert grown_mb <= budget / 2**20 * 1.10 + 8, f"RSS grew {grown_mb:.0f} MB for a 48 MB cache: {report}"

@@ -395,7 +395,8 @@ def test_a_new_question_about_the_same_frame_skips_the_vision_encoder_and_decode
     assert_same_decoding(hit[0], cold[0], "exact hit")
     slices = 5
     assert cached.frame_cache.num_entries == 1
-    assert cached.frame_cache.num_bytes == slices * QUERY_NUM * LLM_HIDDEN * engine.model.llm.dtype.itemsize
+    features_bytes = slices * QUERY_NUM * LLM_HIDDEN * engine.model.llm.dtype.itemsize
+    assert cached.frame_cache.num_bytes == cached.frame_cache.entry_nbytes(None, features_bytes)   # + bookkeeping
 
 
 def test_a_different_frame_misses_and_gets_its_own_answer(engine, vision_encoder_runs):

@@ -21,7 +21,7 @@ import pytest
 from deskeye.client import WorkerClient
 from deskeye.errors import WorkerUnavailable
 from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import WorkerSupervisor
+from deskeye.supervisor import HealthProbe, WorkerSupervisor
 from tests.fixtures.text_image import render_text_png
 
 WORDS = ["Quarterly", "budget", "review"]
@@ -118,6 +118,34 @@ def test_a_question_in_flight_when_the_worker_dies_is_retried(running):
     assert supervisor.num_restarts == restarts + 1 and supervisor.pid != pid
 
 
+def test_a_hung_worker_is_detected_killed_and_restarted(text_png):
+    """SIGSTOP: the process lives, its socket still accepts connections, but nothing answers."""
+    probe = HealthProbe(interval_s=0.3, timeout_s=0.7, max_missed=2)
+    states: list[str] = []
+    supervisor = WorkerSupervisor(ocr_settings(), on_state_change=states.append, probe=probe)
+    supervisor.start()
+    client = WorkerClient(supervisor, supervisor.settings)
+    hung_pid = supervisor.pid
+    try:
+        os.kill(hung_pid, signal.SIGSTOP)
+        deadline = time.monotonic() + probe.max_detection_s + 10     # a bound on detection, not a benchmark
+        while "unresponsive" not in states and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "unresponsive" in states, f"a SIGSTOPped worker was not detected; states {states}"
+        assert supervisor.num_hangs == 1
+        endpoint = supervisor.endpoint(timeout_s=60)                 # restarted, with backoff
+        assert supervisor.pid not in (None, hung_pid) and supervisor.num_restarts == 1
+        assert not psutil.pid_exists(hung_pid) or psutil.Process(hung_pid).status() == psutil.STATUS_ZOMBIE
+        assert states[states.index("unresponsive"):] == ["unresponsive", "restarting", "ready"]
+        assert endpoint.generation >= 2
+        assert "budget" in client.ask("What is on this screen?", text_png).summary.lower()
+    finally:
+        if psutil.pid_exists(hung_pid):
+            os.kill(hung_pid, signal.SIGCONT)
+        client.close()
+        supervisor.stop()
+
+
 def test_stop_terminates_the_worker_and_leaves_no_child():
     supervisor = WorkerSupervisor(ocr_settings())
     supervisor.start()
@@ -183,7 +211,7 @@ def test_external_url_runs_no_process(monkeypatch):
 APP_SCRIPT = """
 import sys, time
 from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import WorkerSupervisor
+from deskeye.supervisor import HealthProbe, WorkerSupervisor
 supervisor = WorkerSupervisor(with_overrides(Settings(), worker={"engine": "ocr", "startup_timeout_s": 60.0}))
 supervisor.start()
 print(supervisor.pid, flush=True)

@@ -2,7 +2,10 @@
 
 The key is given (--api-key) or generated per launch. The state file holds
 `{"url", "api_key", "pid", "model", "engine"}`; it is created with mode 0600 in a 0700 folder, replaced
-atomically (a reader never sees half a file) and removed on clean exit.
+atomically (a reader never sees half a file; a failed write leaves no temporary file) and removed on clean exit.
+A folder other users can write is refused: they could replace the file and point the app at their server.
+A file left by a killed worker does not block a new one, even when its pid now belongs to another process:
+the owner counts as alive only if a process with that pid exists and started before the file was written.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ import hmac
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 
 STATE_FILE_NAME = "worker.json"
+#: create times come from boot time + clock ticks: allow this much error when comparing with the file's mtime
+CREATE_TIME_SLACK_S = 1.0
 
 
 class StateFileError(RuntimeError):
@@ -43,19 +49,48 @@ def default_state_file() -> Path:
 
 
 def write_state_file(path: Path, state: dict) -> None:
-    """Write `state` as JSON readable only by this user. Refuses to replace a live worker's file."""
+    """Write `state` as JSON readable only by this user. Refuses to replace a live worker's file and refuses a
+    folder other users can write."""
+    _refuse_shared_folder(path.parent)
     _refuse_live_owner(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(state, out)
         os.replace(tmp, path)
-    except OSError as exc:
-        raise StateFileError(f"cannot write the state file {path}: {exc.strerror or exc}; "
+    except (OSError, TypeError, ValueError) as exc:
+        _discard(tmp)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise StateFileError(f"cannot write the state file {path}: {reason}; "
                              "choose another place with --state-file PATH.") from None
+
+
+def _discard(tmp: Path) -> None:
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _refuse_shared_folder(folder: Path) -> None:
+    """The folder (if it exists) must belong to this user and be writable by no one else."""
+    try:
+        info = folder.stat()
+    except FileNotFoundError:
+        return                                     # created with mode 0700 by write_state_file
+    except OSError as exc:
+        raise StateFileError(f"cannot use the state file folder {folder}: {exc.strerror or exc}.") from None
+    mode = stat.S_IMODE(info.st_mode)
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise StateFileError(f"the state file folder {folder} belongs to another user (uid {info.st_uid}); "
+                             "give --state-file a path in a folder of your own, or leave it out.")
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StateFileError(f"the state file folder {folder} can be written by other users (mode {mode:04o}), "
+                             "who could replace the file and point DeskEye at their own server; use a folder "
+                             f"only you can write (chmod 700 {folder}), or leave --state-file out.")
 
 
 def remove_state_file(path: Path) -> None:
@@ -66,7 +101,7 @@ def remove_state_file(path: Path) -> None:
 
 def _refuse_live_owner(path: Path) -> None:
     pid = _read_pid(path)
-    if pid is not None and pid != os.getpid() and _is_alive(pid):
+    if pid is not None and pid != os.getpid() and _is_owner_alive(pid, path):
         raise StateFileError(f"another deskeye-worker (pid {pid}) owns the state file {path}; stop it, "
                              "or give this one its own --state-file PATH.")
 
@@ -76,14 +111,22 @@ def _read_pid(path: Path) -> int | None:
         pid = json.loads(path.read_text(encoding="utf-8")).get("pid")
     except (OSError, ValueError, AttributeError):
         return None
-    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
-def _is_alive(pid: int) -> bool:
+def _is_owner_alive(pid: int, path: Path) -> bool:
+    """True when process `pid` exists, is not a zombie, and started before `path` was last written: a pid reused
+    after the worker was killed (kill -9 leaves its file behind) belongs to a process started later."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        written_s = path.stat().st_mtime
+        process = psutil.Process(pid)
+        started_s = process.create_time()
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+    except (psutil.NoSuchProcess, FileNotFoundError):
         return False
-    except PermissionError:
-        return True
-    return True
+    except (psutil.AccessDenied, OSError):
+        return True                                # cannot tell: do not take the file over
+    return started_s <= written_s + CREATE_TIME_SLACK_S

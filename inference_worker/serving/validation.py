@@ -5,30 +5,36 @@ may have no grammar at all). So every answer to a request with a schema is parse
 or invalid answer is generated again, first with twice the tokens (capped at the worker's limit), then
 greedily, up to `max_retries` times (the service re-queues the attempt, see service.py); if none is valid the
 request is answered 502.
+
+Schemas are untrusted: `schemas.py` checks and compiles each one once (local `$ref`s only, size and depth caps,
+RE2 patterns, a step budget per validation) and keeps it in a byte-bounded cache shared by the whole worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Any
 
-import jsonschema
-from jsonschema.validators import validator_for
+from inference_worker.protocol import ChatRequest, Completion
+from inference_worker.serving.schemas import CompiledSchema, SchemaCache
 
-from inference_worker.protocol import ChatRequest, Completion, ProtocolError
-
-MAX_CACHED_VALIDATORS = 64
+_SCHEMAS = SchemaCache()
 
 
 def check_schema(schema: dict[str, Any]) -> None:
-    """Raise ProtocolError (400) when the request's schema is not a valid JSON Schema."""
-    try:
-        _validator(_schema_key(schema))
-    except jsonschema.SchemaError as exc:
-        raise ProtocolError(f"response_format.json_schema.schema is not a valid JSON Schema: {exc.message}",
-                            param="response_format") from None
+    """Raise ProtocolError (400) when the request's schema is not a JSON Schema this worker will run; compiles
+    and caches it, so checking it first (off the model thread) makes validating its answers cheap."""
+    compiled_schema(schema)
+
+
+def compiled_schema(schema: dict[str, Any]) -> CompiledSchema:
+    return _SCHEMAS.get(schema)
+
+
+def schema_problem(data: Any, schema: dict[str, Any]) -> str | None:
+    """Why decoded JSON `data` does not match `schema`, or None; ProtocolError (400) for a schema refused."""
+    return compiled_schema(schema).first_error(data)
 
 
 def output_problem(completion: Completion, schema: dict[str, Any]) -> str | None:
@@ -39,11 +45,9 @@ def output_problem(completion: Completion, schema: dict[str, Any]) -> str | None
         data = json.loads(completion.text)
     except json.JSONDecodeError as exc:
         return f"the answer is not JSON ({exc.msg} at char {exc.pos})"
-    error = jsonschema.exceptions.best_match(_validator(_schema_key(schema)).iter_errors(data))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        return f"the answer does not match the schema at {where}: {error.message[:200]}"
-    return None
+    except RecursionError:
+        return "the answer nests too deep to read"
+    return schema_problem(data, schema)
 
 
 def retry_request(request: ChatRequest, retry: int, max_tokens_limit: int) -> ChatRequest:
@@ -53,15 +57,3 @@ def retry_request(request: ChatRequest, retry: int, max_tokens_limit: int) -> Ch
     temperature = sampling.temperature if retry < 2 else 0.0
     return dataclasses.replace(request, sampling=dataclasses.replace(
         sampling, max_tokens=max_tokens, temperature=temperature))
-
-
-def _schema_key(schema: dict[str, Any]) -> str:
-    return json.dumps(schema, sort_keys=True)
-
-
-@functools.lru_cache(maxsize=MAX_CACHED_VALIDATORS)
-def _validator(schema_json: str):
-    schema = json.loads(schema_json)
-    cls = validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)

@@ -8,13 +8,22 @@
 
 Values are opaque here except for their size (`tensor_nbytes`); torch is imported only when a size or key is
 computed. An evicted value is dropped, so nothing here keeps its tensors alive.
+
+What an entry costs is counted as what it really holds: the value's tensor storage (given by the caller), its
+frame signature's thumbnails (~147 KB per image: more than a tiny model's whole KV) and the per-entry Python
+objects and allocator rounding (`ENTRY_OVERHEAD_BYTES`, measured). Freed KV leaves holes in the C heap that RSS
+keeps; after evicting a share of the budget the cache hands them back to the OS (glibc `malloc_trim`), so the
+process's RSS stays within the budget rather than within the budget plus fragmentation.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import itertools
 import math
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -37,6 +46,14 @@ CELL_TOLERANCE = 16
 #: the similar level compares a frame with this many most recently stored frames of its group (~0.3 ms each, on
 #: the model thread): the frame it resembles is the screen of moments ago, and a full cache holds thousands
 MAX_SIMILAR_CANDIDATES = 32
+#: what an entry holds beyond its tensors and thumbnails: the cache object and its layers, tensor and storage
+#: headers, the keys, the LRU and group slots, malloc rounding. Measured on CPU (RSS after malloc_trim, 400
+#: entries in a fresh process): 19-23 KB per entry for 2-16 layer DynamicCaches.
+ENTRY_OVERHEAD_BYTES = 24 * 1024
+#: evicting this share of the budget (at least MIN_RELEASE_BYTES) since the last release hands freed heap
+#: pages back to the OS
+RELEASE_SHARE = 1 / 16
+MIN_RELEASE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +61,10 @@ class FrameSignature:
     """Per image: its RGB thumbnail (GRID x SUBCELLS, uint8, rows x columns x 3) and its original (width, height)."""
     thumbnails: tuple[np.ndarray, ...]
     sizes: tuple[tuple[int, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(thumbnail.nbytes for thumbnail in self.thumbnails)
 
 
 def frame_signature(images: Iterable["Image"]) -> FrameSignature:
@@ -148,22 +169,57 @@ class _Entry:
     num_bytes: int
 
 
+def release_freed_memory() -> bool:
+    """Return the C heap's free pages to the OS (glibc malloc_trim); False where there is no such call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+_TRIM: list = []
+
+
+def _malloc_trim():
+    if not _TRIM:
+        function = None
+        if sys.platform.startswith("linux"):
+            try:
+                function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+            except OSError:
+                function = None
+        _TRIM.append(function)
+    return _TRIM[0]
+
+
 class FrameCache:
     """Byte-bounded LRU of per-frame values with an exact and a similar level; safe to share between threads.
 
     `max_bytes` 0 turns it off (nothing is stored, every lookup misses); `similar_threshold` None turns the
     similar level off. `on_evict(value)` is called (outside the lock) for each value evicted to make room.
+    `entry_overhead_bytes` is added to each entry's count (see ENTRY_OVERHEAD_BYTES); `release_memory` runs
+    (outside the lock) after evictions add up to RELEASE_SHARE of the budget.
     """
 
     def __init__(self, max_bytes: int, similar_threshold: float | None = None,
-                 on_evict: Callable[[Any], None] | None = None):
+                 on_evict: Callable[[Any], None] | None = None, *,
+                 entry_overhead_bytes: int = ENTRY_OVERHEAD_BYTES,
+                 release_memory: Callable[[], Any] = release_freed_memory):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0 (0 = cache off); got {max_bytes}")
+        if entry_overhead_bytes < 0:
+            raise ValueError(f"entry_overhead_bytes must be >= 0; got {entry_overhead_bytes}")
         if similar_threshold is not None and not 0 <= similar_threshold <= 1:
             raise ValueError(f"similar_threshold must be None (off) or a share from 0 to 1; got {similar_threshold}")
         self.max_bytes = max_bytes
         self.similar_threshold = similar_threshold
         self.on_evict = on_evict
+        self.entry_overhead_bytes = entry_overhead_bytes
+        self._release_memory = release_memory
+        self._release_after_bytes = max(MIN_RELEASE_BYTES, int(max_bytes * RELEASE_SHARE))
+        self._evicted_since_release = 0
+        self.num_memory_releases = 0
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()      # least recently used first
         self._groups: dict[bytes, dict[bytes, None]] = {}               # group_key -> its exact keys
         self._lock = threading.Lock()
@@ -225,21 +281,35 @@ class FrameCache:
                             key=lambda pair: pair[0])
         return (key, distance) if distance <= self.similar_threshold else None
 
+    def entry_nbytes(self, signature: FrameSignature | None, value_nbytes: int) -> int:
+        """What an entry whose value holds `value_nbytes` of tensors really costs (see the module docstring)."""
+        return value_nbytes + (signature.nbytes if signature is not None else 0) + self.entry_overhead_bytes
+
     def put(self, exact_key: bytes, group_key: bytes, signature: FrameSignature | None, value: Any,
             num_bytes: int) -> bool:
         """Store (or replace) an entry as the most recent, evicting least recently used ones until the cache fits
-        `max_bytes`. An entry larger than `max_bytes` is not stored (returns False; the cache is unchanged)."""
+        `max_bytes`. `num_bytes` is the value's own size (`tensor_nbytes`); the entry counts `entry_nbytes`.
+        An entry larger than `max_bytes` is not stored (returns False; the cache is unchanged)."""
         if num_bytes < 0:
             raise ValueError(f"num_bytes must be >= 0; got {num_bytes}")
-        if num_bytes > self.max_bytes or not self.is_enabled:
+        total_bytes = self.entry_nbytes(signature, num_bytes)
+        if total_bytes > self.max_bytes or not self.is_enabled:
             return False
         with self._lock:
             self._remove(exact_key)
-            self._entries[exact_key] = _Entry(group_key, signature, value, num_bytes)
+            self._entries[exact_key] = _Entry(group_key, signature, value, total_bytes)
             self._groups.setdefault(group_key, {})[exact_key] = None
-            self.num_bytes += num_bytes
-            evicted = self._evict_to_fit()
+            self.num_bytes += total_bytes
+            evicted, evicted_bytes = self._evict_to_fit()
+            self._evicted_since_release += evicted_bytes
+            should_release = self._evicted_since_release >= self._release_after_bytes
+            if should_release:
+                self._evicted_since_release = 0
         self._notify_evicted(evicted)
+        if should_release:
+            del evicted
+            self._release_memory()
+            self.num_memory_releases += 1
         return True
 
     def clear(self) -> None:
@@ -259,13 +329,14 @@ class FrameCache:
                 del self._groups[entry.group_key]
         return entry
 
-    def _evict_to_fit(self) -> list[Any]:
-        evicted = []
+    def _evict_to_fit(self) -> tuple[list[Any], int]:
+        evicted, evicted_bytes = [], 0
         while self.num_bytes > self.max_bytes:
-            oldest = next(iter(self._entries))
-            evicted.append(self._remove(oldest).value)
+            entry = self._remove(next(iter(self._entries)))
+            evicted.append(entry.value)
+            evicted_bytes += entry.num_bytes
             self.num_evictions += 1
-        return evicted
+        return evicted, evicted_bytes
 
     def _notify_evicted(self, values: list[Any]) -> None:
         if self.on_evict is not None:

@@ -69,12 +69,17 @@ def question_of(request: ChatRequest) -> str:
     return ""
 
 
+#: a line's text is screen content an attacker may choose; the vocabulary's patterns take time quadratic in a
+#: line's length (~0.13 s for 1,500 characters), so only its start is matched (a summary quotes 200 at most)
+MAX_LINE_CHARS = 400
+
+
 def describe_reads(reads: list[ReadResult], question: str) -> ScreenDescription:
     """One description of all images: their lines stacked top to bottom, in request order."""
     lines: list[OcrLine] = []
     offset_px = 0
     for read in reads:
-        lines.extend(_shifted(line, offset_px) for line in read.lines)
+        lines.extend(_bounded(_shifted(line, offset_px)) for line in read.lines)
         offset_px += read.frame_size[1]
     return answer(lines, max(1, offset_px), question)
 
@@ -111,10 +116,16 @@ def approx_tokens(text: str) -> int:
 
 
 def _schema_problem(data: dict[str, Any], schema: dict[str, Any]) -> str | None:
-    import jsonschema
+    """Checked by the worker's safe validator (local $refs only, RE2 patterns): the summary echoes the question."""
+    from inference_worker.serving.validation import schema_problem
 
-    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(data))
-    return None if error is None else error.message[:200]
+    return schema_problem(data, schema)
+
+
+def _bounded(line: OcrLine) -> OcrLine:
+    if len(line.text) <= MAX_LINE_CHARS:
+        return line
+    return OcrLine(line.text[:MAX_LINE_CHARS], line.box, line.score)
 
 
 def _shifted(line: OcrLine, offset_px: int) -> OcrLine:
@@ -134,6 +145,10 @@ says said read screen window display displayed see seen look looking line lines 
 thing things many much describe description summary summarize summarise now currently right just there's whats
 out off up get got has have had than then them they their there also very more most other own same too
 """.split())
+#: the question is request content of any length: only its start is matched against the screen's lines (each
+#: word is looked for in every line, so an unbounded question would hold the model thread for minutes)
+MAX_QUESTION_CHARS = 2000
+MAX_QUESTION_WORDS = 16
 CJK_STOP_CHARS = frozenset("的是了吗呢啊吧我你他她它这那哪什么怎么样有没在上下里中个几多少请告诉说写屏幕显示看到内容一些")
 
 
@@ -147,7 +162,7 @@ def question_words(question: str) -> list[QuestionWord]:
     """The question's content words: Latin words of 3+ letters that are not stop words (a plural 's'
     dropped), and CJK phrases (split at function characters; matched by their two-character pieces).
     Empty = "describe the screen"."""
-    text = clean(question).lower()
+    text = clean(question[:MAX_QUESTION_CHARS]).lower()
     words = []
     for word in re.findall(r"[a-z0-9][a-z0-9'-]*", text):
         if len(word) >= 3 and word not in QUESTION_STOPWORDS:
@@ -157,7 +172,7 @@ def question_words(question: str) -> list[QuestionWord]:
         for phrase in re.split("[" + "".join(sorted(CJK_STOP_CHARS)) + "]+", run):
             if len(phrase) >= 2:
                 words.append(QuestionWord(phrase, tuple(phrase[i:i + 2] for i in range(len(phrase) - 1))))
-    return list({w.shown: w for w in words}.values())
+    return list({w.shown: w for w in words}.values())[:MAX_QUESTION_WORDS]
 
 
 def answer(lines: Sequence[LineLike], frame_height: int, question: str) -> ScreenDescription:
