@@ -136,6 +136,11 @@ class WorkerMetrics:
                                   "Frame KV cache lookups by result (exact | similar | miss).")
         self.kv_bytes = Gauge("deskeye_worker_kv_cache_bytes", "Bytes of prefix KV kept for frames.")
         self.kv_entries = Gauge("deskeye_worker_kv_cache_entries", "Frames whose prefix KV is kept.")
+        self.live_rows = Gauge("deskeye_worker_live_rows", "Rows the engine is decoding right now.")
+        self.decode_steps = Counter("deskeye_worker_decode_steps_total",
+                                    "Batched decode steps, as reported by the engine.")
+        self.decode_row_steps = Counter("deskeye_worker_decode_row_steps_total",
+                                        "Rows decoded summed over decode steps (/ steps = mean live rows).")
         self.kv_evictions = Counter("deskeye_worker_kv_cache_evictions_total",
                                     "Frames dropped from the KV cache to stay within --kv-cache-mb.")
 

@@ -6,6 +6,13 @@ loads the engine, then takes batches from the queue after the load-adaptive wait
 runs them; as each row ends its answer is validated against the request's JSON schema and either answered or
 queued again, first in line, as a retry. Loading on this thread keeps all CUDA state on it, so `after_call`
 (torch.cuda.empty_cache) runs where it must.
+
+The seam with a continuously decoding engine: `run_batch(items, on_done, take_more)`. Between decode steps the
+engine calls `take_more(num_live)`; the service hands it, without waiting, up to `max_batch_size - num_live`
+queued requests (retries first), which join the running decode; their `on_done` indices continue after the
+batch's. The load-adaptive window applies only to a batch that starts from idle. A request whose job is
+cancelled (`Job.cancel`: timed out here, or a client the HTTP layer saw go away) has its `Prepared.cancelled`
+set: the engine ends its row at the next step, and it is never retried.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Any, Callable
 
 from inference_worker.config import WorkerConfig
 from inference_worker.serving.validation import output_problem, retry_request
-from inference_worker.engines.base import Engine, Prepared
+from inference_worker.engines.base import Engine, Prepared, RowCancelled
 from inference_worker.serving.images import decode_request_images
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
@@ -47,6 +54,17 @@ class Job:
     prepared: Prepared | None = None
     retries: int = 0
     queue_wait_s: float = 0.0
+    #: set when the client went away or the request timed out; becomes the Prepared's `cancelled` event
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stop this request: the engine ends its row at its next step; it is never retried or answered."""
+        self.cancelled.set()
+        self.future.cancel()
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set() or self.future.cancelled()
 
 
 class ModelService:
@@ -77,22 +95,26 @@ class ModelService:
         self._thread.start()
 
     def submit(self, request: ChatRequest) -> Future:
+        return self.submit_job(request).future
+
+    def submit_job(self, request: ChatRequest) -> Job:
+        """Queue `request` for preparation; the Job's future gets the answer, `Job.cancel()` stops it."""
         if self.state != "ready":
             raise ServiceError(f"The model is not ready ({self.state}: {self.progress}); retry shortly.",
                                status=503, code="model_not_ready")
         job = Job(request)
         self._signals.request_started()
-        job.future.add_done_callback(lambda _: self._signals.request_finished())
+        job.future.add_done_callback(lambda future: self._signals.request_finished())
         self._pool.submit(self._prepare, job)
-        return job.future
+        return job
 
     def answer(self, request: ChatRequest, timeout_s: float) -> Completion:
         """Submit and wait; raises ProtocolError/ServiceError (4xx/5xx) when there is no valid answer."""
-        future = self.submit(request)
+        job = self.submit_job(request)
         try:
-            return future.result(timeout=timeout_s)
+            return job.future.result(timeout=timeout_s)
         except FutureTimeout:
-            future.cancel()
+            job.cancel()
             raise ServiceError(f"The model did not answer within {timeout_s:g} s (--request-timeout-s); "
                                "it is busy or the request is too large.", status=504, code="timeout") from None
 
@@ -114,7 +136,7 @@ class ModelService:
             return
         try:
             images = decode_request_images(job.request, self._config.max_image_pixels)
-            job.prepared = self.engine.prepare(job.request, images)
+            job.prepared = dataclasses.replace(self.engine.prepare(job.request, images), cancelled=job.cancelled)
         except ProtocolError as exc:
             self._settle(job, exc)
             return
@@ -175,11 +197,7 @@ class ModelService:
         return window_s
 
     def _run_batch(self, batch) -> None:
-        jobs = [job for job in batch.items if job.retries or job.future.set_running_or_notify_cancel()]
-        self._metrics.queue_depth.set(len(self._queue))
-        for job, wait_s in zip(batch.items, batch.queue_wait_s):
-            job.queue_wait_s = wait_s
-            self._metrics.queue_wait.observe(wait_s)
+        jobs = self._startable(batch)
         if not jobs:
             return
         self._metrics.batch_size.observe(len(jobs))
@@ -187,15 +205,49 @@ class ModelService:
         started_s = time.monotonic()
         try:
             self.engine.run_batch([job.prepared for job in jobs], lambda index, outcome: self._row_done(
-                jobs[index], outcome))
+                jobs[index], outcome), lambda num_live: self._take_more(jobs, num_live))
         except Exception as exc:  # noqa: BLE001 - the batch failed: every row not yet answered gets the error
             self._engine_failed(jobs, exc)
         finally:
             self._after_call()
             self._signals.batch_finished(time.monotonic() - started_s)
 
+    def _startable(self, batch) -> list[Job]:
+        """The batch's jobs that still want an answer (a retry's future is already running), queue metrics kept."""
+        jobs = [job for job in batch.items if not job.is_cancelled
+                and (job.retries or job.future.set_running_or_notify_cancel())]
+        self._metrics.queue_depth.set(len(self._queue))
+        for job, wait_s in zip(batch.items, batch.queue_wait_s):
+            job.queue_wait_s = wait_s
+            self._metrics.queue_wait.observe(wait_s)
+        return jobs
+
+    def _take_more(self, jobs: list[Job], num_live: int) -> list[Prepared]:
+        """Between decode steps (model thread): queued requests to join the running decode, without waiting;
+        they are appended to `jobs`, so their indices follow. Also refreshes the decode metrics."""
+        self._update_decode_metrics()
+        room = self._queue.max_batch_size - num_live
+        if room <= 0 or self._stop.is_set() or not len(self._queue):
+            return []
+        joined = self._startable(self._queue.take_ready(room))
+        jobs.extend(joined)
+        return [job.prepared for job in joined]
+
     def _row_done(self, job: Job, outcome: Completion | Exception) -> None:
-        """One row ended (model thread): answer it, or queue it again as a retry."""
+        """One row ended (model thread): answer it, or queue it again as a retry. Nothing here escapes: a failure
+        while judging the answer (e.g. validating it) is this row's error, never its batch's."""
+        try:
+            self._judge(job, outcome)
+        except Exception as exc:  # noqa: BLE001 - one row's failure stays that row's
+            log.warning("answering a row failed: %s", _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+            self._settle(job, ServiceError(f"The worker could not check this answer: {_one_line(exc)}", status=500,
+                                           code="engine_error"))
+
+    def _judge(self, job: Job, outcome: Completion | Exception) -> None:
+        if isinstance(outcome, RowCancelled) or job.is_cancelled:
+            self._metrics.engine_calls.inc(outcome="cancelled")
+            self._settle(job, outcome if isinstance(outcome, Exception) else RowCancelled())
+            return
         if isinstance(outcome, Exception):
             self._engine_failed([job], outcome)
             return
@@ -269,6 +321,13 @@ class ModelService:
         self._metrics.kv_bytes.set(stats.kv_bytes)
         self._metrics.kv_entries.set(stats.kv_entries)
         self._metrics.kv_evictions.set(stats.kv_evictions)
+        self._update_decode_metrics(stats)
+
+    def _update_decode_metrics(self, stats=None) -> None:
+        stats = stats or self.engine.stats()
+        self._metrics.live_rows.set(stats.live_rows)
+        self._metrics.decode_steps.set(stats.num_decode_steps)
+        self._metrics.decode_row_steps.set(stats.num_row_steps)
 
     def _count_invalid(self, problem: str) -> None:
         self._metrics.invalid_outputs.inc()
@@ -276,7 +335,7 @@ class ModelService:
 
     def _fail_pending(self) -> None:
         for job in self._queue.drain():
-            if job.retries or job.future.set_running_or_notify_cancel():
+            if not job.is_cancelled and (job.retries or job.future.set_running_or_notify_cancel()):
                 self._settle(job, ServiceError("The worker is shutting down.", status=503, code="shutting_down"))
 
     def _close_engine(self) -> None:

@@ -175,6 +175,12 @@ class MiniCPMOEngine(Engine):
         return self.grammars.logits_processor(request.json_schema)
 
 
+def make_engine(loaded: "LoadedModel", options) -> MiniCPMOEngine:
+    """FAMILIES' engine factory; the frame budget holds vision features (this engine's exact level)."""
+    return MiniCPMOEngine.from_loaded(loaded, use_grammar=options.use_grammar, num_threads=options.num_threads,
+                                      vision_cache_bytes=options.kv_cache_bytes)
+
+
 def chat_messages(messages: tuple[Message, ...],
                   escape_text: Callable[[str], str] = lambda text: text) -> list[dict[str, str]]:
     """Protocol messages -> the message list chat() builds: text parts and image placeholders, one per line.
