@@ -130,6 +130,7 @@ class _Batch:
     mask: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     grammar: Any = None              # GrammarBatch once a constrained row joined
+    joining: list[_Live] = field(default_factory=list)   # prefilled, not merged yet
 
 
 class BatchDecoder:
@@ -185,7 +186,7 @@ class BatchDecoder:
 
     def _admit(self, batch: _Batch, rows: Sequence[tuple[int, Row]], on_done: OnRowDone) -> None:
         """Prefill each new row alone and merge the ones still going into the running batch."""
-        joined = []
+        joined = batch.joining
         for index, row in rows:
             if row.cancelled.is_set():
                 _finish(on_done, index, RowCancelled())
@@ -202,6 +203,7 @@ class BatchDecoder:
                 joined.append(state)
         if joined:
             self._merge(batch, joined)
+        batch.joining = []
 
     def _merge(self, batch: _Batch, joined: list[_Live]) -> None:
         caches = [s.cache for s in joined]
@@ -273,7 +275,7 @@ class BatchDecoder:
                 return 0
             from inference_worker.engines.hf.grammar import GrammarBatch
             batch.grammar = GrammarBatch(self.grammars(), [])
-            for state in batch.live:
+            for state in (*batch.live, *batch.joining):
                 state.slot = batch.grammar.add(None)
         return batch.grammar.add(row.grammar if self.grammars is not None else None)
 
