@@ -184,3 +184,35 @@ def test_finished_rows_leave_and_the_batch_shrinks_to_the_rows_still_going(engin
         del engine.model.forward
     assert done == [1, 2, 0]
     assert shapes == sorted(shapes, reverse=True) and shapes[0] == 3 and shapes[-1] == 1
+
+
+def test_a_row_given_as_prefix_embeddings_decodes_like_its_token_ids(engine):
+    """The seam for engines that build their own multimodal embeddings (MiniCPM-o): a row whose prefix comes as
+    `inputs_embeds` gets the logits of the same prompt given as token ids, alone and joining mid-decode."""
+    from dataclasses import replace
+
+    request, _ = chat_request("Describe the text on this screen, please.", max_tokens=12)
+    item = engine.prepare(request, [])
+    ids = item.inputs.all_ids()
+    split = ids.shape[1] // 2
+    as_ids = replace(item.inputs, prefix_ids=ids[:, :split], suffix_ids=ids[:, split:], vision={}, frame=None)
+    with torch.inference_mode():
+        embeds = engine.model.get_input_embeddings()(ids[:, :split])
+    as_embeds = replace(as_ids, prefix_embeds=embeds)
+    by_ids, by_embeds = replace(item, inputs=as_ids), replace(item, inputs=as_embeds)
+    alone = solo_item(engine, by_ids)
+    embedded_alone = solo_item(engine, by_embeds)
+    long, long_images = chat_request(QUESTIONS[0], png_bytes(COLORS[0]), max_tokens=20)
+    first = engine.prepare(long, long_images)
+    first.inputs.frame = None
+    results = joining(engine, [first, by_embeds], {3: [1]})
+
+    assert_same_logits(embedded_alone, alone, "embeddings alone")
+    assert_same_logits(results[1], alone, "embeddings joining")
+
+
+def solo_item(engine, item):
+    results = []
+    engine.decoder.run([engine.decoder_row(item)], lambda index, result: results.append(result))
+    assert not isinstance(results[0], Exception), results[0]
+    return results[0]
