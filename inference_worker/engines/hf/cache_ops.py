@@ -40,7 +40,8 @@ def merge(caches: Sequence[DynamicCache]) -> tuple[DynamicCache, torch.Tensor]:
     return merged, _mask_of(caches)
 
 
-def append(batch: DynamicCache, mask: torch.Tensor, caches: Sequence[DynamicCache]) -> tuple[DynamicCache, torch.Tensor]:
+def append(batch: DynamicCache, mask: torch.Tensor,
+           caches: Sequence[DynamicCache]) -> tuple[DynamicCache, torch.Tensor]:
     """`batch` (with its mask) followed by the rows of `caches`: the longer side sets the length, the other is
     left-padded. Returns the new cache and mask; `batch` is not used afterwards."""
     merged, _ = merge([batch, *caches])
