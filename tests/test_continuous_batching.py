@@ -216,3 +216,31 @@ def solo_item(engine, item):
     engine.decoder.run([engine.decoder_row(item)], lambda index, result: results.append(result))
     assert not isinstance(results[0], Exception), results[0]
     return results[0]
+
+
+def test_cold_rows_joining_together_are_prefilled_in_one_forward_where_their_images_stack(engine):
+    """Idefics3 and LLaVA: the joiners' prompts go through one left-padded forward (position_ids = cumsum(mask)-1)
+    and still get their solo logits. MiniCPM-V packs all patches in one row (and its linear attention would take
+    padding into its state): its joiners are prefilled one by one."""
+    requests = requests_for_join()[:3]
+    alone = [solo(engine, r, images) for r, images in requests]
+    items = [engine.prepare(r, images) for r, images in requests]
+    for item in items:
+        item.inputs.frame = None
+    prefills, forward = [], engine.model.forward
+
+    def counting_forward(*args, **kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None and ids.shape[1] > 1:
+            prefills.append(ids.shape[0])
+        return forward(*args, **kwargs)
+    engine.model.forward = counting_forward
+    try:
+        results = joining(engine, items, {2: [1, 2]})
+    finally:
+        del engine.model.forward
+
+    for index in range(3):
+        assert_same_logits(results[index], alone[index], f"row {index}")
+    stacks = engine.model.config.model_type in ("idefics3", "llava")
+    assert prefills == ([1, 2] if stacks else [1, 1, 1])

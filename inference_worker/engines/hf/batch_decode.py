@@ -138,12 +138,15 @@ class BatchDecoder:
 
     def __init__(self, model: Any, *, eos_token_ids: Sequence[int], frame_cache: "FrameCache | None" = None,
                  grammars: Callable[[], "SchemaGrammars"] | None = None, can_merge: bool = True,
-                 keep_logits: bool = False):
+                 can_prefill_together: bool = False, keep_logits: bool = False):
         self.model = model
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.frame_cache = frame_cache
         self.grammars = grammars
         self.can_merge = can_merge        # False: a cache that left padding cannot merge; rows decode alone
+        #: cold rows that join together are prefilled in one left-padded forward (plain attention, image tensors
+        #: that stack along the batch); else each row is prefilled alone
+        self.can_prefill_together = can_prefill_together and can_merge
         self.keep_logits = keep_logits
         self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
         self.live_rows = 0                # rows decoding right now (EngineStats.live_rows)
@@ -187,12 +190,14 @@ class BatchDecoder:
     def _admit(self, batch: _Batch, rows: Sequence[tuple[int, Row]], on_done: OnRowDone) -> None:
         """Prefill each new row alone and merge the ones still going into the running batch."""
         joined = batch.joining
+        live_rows = [(index, row) for index, row in rows if not row.cancelled.is_set()]
         for index, row in rows:
             if row.cancelled.is_set():
                 _finish(on_done, index, RowCancelled())
-                continue
+        prefilled = self._prefill_cold_together(live_rows)
+        for index, row in live_rows:
             try:
-                state = self._start_row(batch, index, row)
+                state = self._start_row(batch, index, row, prefilled.get(index))
             except Exception as exc:  # noqa: BLE001 - a request the model cannot prefill fails alone
                 _finish(on_done, index, exc)
                 continue
@@ -258,9 +263,14 @@ class BatchDecoder:
 
     # ------------------------------------------------------------ rows
 
-    def _start_row(self, batch: _Batch, index: int, row: Row) -> _Live:
+    def _start_row(self, batch: _Batch, index: int, row: Row, prefilled: Any = None) -> _Live:
+        """Prefill (unless `prefilled` holds the row's (cache, logits, level) already, or its frame Lookup) and
+        sample the row's first token."""
         joined_s = time.perf_counter()
-        cache, logits, kv_cache = self._prefill(row.inputs)
+        if isinstance(prefilled, tuple):
+            cache, logits, kv_cache = prefilled
+        else:
+            cache, logits, kv_cache = self._prefill(row.inputs, prefilled)
         state = _Live(index, row, TokenSampler(row.sampling, logits.device), cache, row.inputs.num_tokens, kv_cache,
                       joined_s=joined_s, logits=[] if self.keep_logits else None)
         state.slot = self._grammar_slot(batch, row)
@@ -322,23 +332,90 @@ class BatchDecoder:
 
     # ------------------------------------------------------------ prefill with frame reuse
 
-    def _prefill(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor, str]:
-        """This row's cache after its whole prompt, the logits for its first token, and what reuse happened."""
-        frame_cache = self.frame_cache
-        if inputs.frame is None or frame_cache is None or frame_cache.max_bytes == 0:
+    def _prefill(self, inputs: PromptInputs, found: Any = None) -> tuple[DynamicCache, torch.Tensor, str]:
+        """This row's cache after its whole prompt, the logits for its first token, and what reuse happened.
+        `found`: the row's FrameCache Lookup when it was made already (None: look it up here)."""
+        found = found if found is not None else self._lookup(inputs)
+        if found is None:
             cache, logits = self._cold(inputs)
             return cache, logits, "off" if inputs.num_images else "none"
-        frame = inputs.frame
-        found = frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
         if found.value is None:
             cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs)
-            from inference_worker.engines.hf.frame_cache import tensor_nbytes
-            frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
-                            tensor_nbytes(prefix_cache))
+            self._keep_prefix(inputs, prefix_cache)
             return cache, logits, found.level
         cache, logits = self._forward(copy.deepcopy(found.value), ids=inputs.suffix_ids,
                                       num_past=int(inputs.prefix_ids.shape[1]))
         return cache, logits, found.level
+
+    def _lookup(self, inputs: PromptInputs):
+        """The row's frame in the FrameCache (a Lookup), or None when reuse is off for it."""
+        frame_cache, frame = self.frame_cache, inputs.frame
+        if frame is None or frame_cache is None or frame_cache.max_bytes == 0:
+            return None
+        return frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
+
+    def _keep_prefix(self, inputs: PromptInputs, prefix_cache: DynamicCache) -> None:
+        from inference_worker.engines.hf.frame_cache import tensor_nbytes
+        frame = inputs.frame
+        self.frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
+                             tensor_nbytes(prefix_cache))
+
+    # ------------------------------------------------------------ cold joiners prefilled together
+
+    def _prefill_cold_together(self, rows: list[tuple[int, Row]]) -> dict[int, Any]:
+        """Prefill, in one forward per group, the cold rows (no frame hit) whose image tensors have one layout.
+        Returns {index: (the row's own cache, its first-token logits, its kv_cache level)} for those, and
+        {index: its frame Lookup} for the rest (hits, rows given as embeddings, lone rows), which `_start_row`
+        prefills alone; a group whose forward fails leaves its rows to be prefilled alone, each failing alone."""
+        if not self.can_prefill_together or len(rows) < 2:
+            return {}
+        groups: dict[tuple, list[tuple[int, Row, Any]]] = {}
+        prefilled: dict[int, Any] = {}
+        for index, row in rows:
+            inputs = row.inputs
+            prefilled[index] = found = self._lookup(inputs)
+            layout = _vision_layout(inputs)
+            if (found is not None and found.value is not None) or layout is None or inputs.prefix_embeds is not None:
+                continue
+            groups.setdefault(layout, []).append((index, row, found))
+        for group in (g for g in groups.values() if len(g) >= 2):
+            try:
+                prefilled.update(self._prefill_group(group))
+            except Exception:  # noqa: BLE001 - each row of the group is tried alone, and fails alone
+                log.debug("a batched prefill failed; its rows are prefilled one by one", exc_info=True)
+        return prefilled
+
+    def _prefill_group(self, group: list[tuple[int, Row, Any]]) -> dict[int, tuple[DynamicCache, torch.Tensor, str]]:
+        """One left-padded forward over the group's whole prompts (position_ids = cumsum(mask) - 1), split back
+        into one unpadded cache per row (and each frame's prefix kept)."""
+        prompts = [row.inputs.all_ids() for _, row, _ in group]
+        longest = max(p.shape[1] for p in prompts)
+        filler = int(prompts[0][0, -1])                  # any real token: masked out; never an image token
+        ids = prompts[0].new_full((len(prompts), longest), filler)
+        mask = torch.zeros_like(ids)
+        for i, prompt in enumerate(prompts):
+            ids[i, longest - prompt.shape[1]:] = prompt[0]
+            mask[i, longest - prompt.shape[1]:] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        vision = {key: torch.cat([row.inputs.vision[key] for _, row, _ in group])
+                  for key in group[0][1].inputs.vision}
+        cache = self._new_cache()
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             logits_to_keep=1, **vision)
+        results = {}
+        for i, (index, row, found) in enumerate(group):
+            start = longest - prompts[i].shape[1]
+            layers = [(layer.keys[i:i + 1, :, start:].clone(), layer.values[i:i + 1, :, start:].clone())
+                      for layer in cache.layers]
+            row_cache = DynamicCache(ddp_cache_data=layers)
+            if found is not None:
+                num_prefix = int(row.inputs.prefix_ids.shape[1])
+                self._keep_prefix(row.inputs, DynamicCache(ddp_cache_data=[
+                    (k[:, :, :num_prefix].clone(), v[:, :, :num_prefix].clone()) for k, v in layers]))
+            level = found.level if found is not None else ("off" if row.inputs.num_images else "none")
+            results[index] = (row_cache, out.logits[i, -1, :], level)
+        return results
 
     def _cold(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor]:
         if inputs.prefix_embeds is None:
@@ -396,6 +473,17 @@ def _finish(on_done: OnRowDone, index: int, outcome: "RowResult | Exception") ->
             on_done(index, exc)
         except Exception:  # noqa: BLE001
             log.warning("the completion callback of row %d failed again", index, exc_info=True)
+
+
+def _vision_layout(inputs: PromptInputs) -> tuple | None:
+    """What rows must share to stack their image tensors along the batch (names, shapes, dtypes); None when a
+    value is not a batch-of-one tensor."""
+    layout = []
+    for key, value in sorted(inputs.vision.items()):
+        if not torch.is_tensor(value) or value.ndim == 0 or value.shape[0] != 1:
+            return None
+        layout.append((key, tuple(value.shape), value.dtype))
+    return tuple(layout)
 
 
 def _is_plain_attention(cache: DynamicCache) -> bool:

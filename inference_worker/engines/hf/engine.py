@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from inference_worker.engines.hf.grammar import SchemaGrammars
 
 
+#: model_types whose processor outputs one batch row per prompt (pixel_values (1, ...)) that stack along the batch;
+#: MiniCPM-V packs every image's patches into one row (NaViT), so it is not here
+STACKABLE_IMAGE_FAMILIES = ("idefics3", "smolvlm", "llava")
+
+
 class TransformersEngine(Engine):
     kind = "transformers"
     can_batch = True
@@ -49,7 +54,7 @@ class TransformersEngine(Engine):
         self.frame_cache = _frame_cache(kv_cache_bytes if has_plain_positions(model) else 0, kv_similar_threshold)
         self.decoder = BatchDecoder(model, eos_token_ids=self.eos_token_ids, frame_cache=self.frame_cache,
                                     grammars=self._schema_grammars, can_merge=can_merge_caches(model),
-                                    keep_logits=keep_logits)
+                                    can_prefill_together=can_prefill_together(model), keep_logits=keep_logits)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **options: Any) -> "TransformersEngine":
@@ -163,6 +168,16 @@ class TransformersEngine(Engine):
                 self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size,
                                                eos_token_ids=self.eos_token_ids)
             return self.grammars
+
+
+def can_prefill_together(model: Any) -> bool:
+    """Whether cold rows of this model may be prefilled in one left-padded forward: plain attention layers, and a
+    family whose image tensors (pixel_values, pixel_attention_mask) stack along the batch dimension."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+    return plain and model.config.model_type in STACKABLE_IMAGE_FAMILIES
 
 
 def image_token_id(config: Any, tokenizer: Any, processor: Any) -> int | None:
