@@ -102,3 +102,23 @@ def test_the_similar_search_runs_while_preparing_and_not_again_on_the_model_thre
 
     assert answers[0].extra["kv_cache"] == "miss"
     assert [name for name, _ in searches] == ["deskeye-prepare-test"]     # one search, off the model thread
+
+
+def test_positions_are_plain_unless_the_model_computes_them_from_the_image_grid(tiny_minicpmv46_dir):
+    """Qwen2-VL computes M-RoPE positions from the image grid (get_rope_index) and keeps rope_deltas between calls:
+    no reused prefix, no explicit positions, no merging. MiniCPM-V 4.6's text model has M-RoPE sections but the
+    model passes plain positions: it reuses and merges. (A tiny Qwen2-VL is built in memory: its processor needs
+    torchvision.)"""
+    import torch
+    from transformers import AutoModelForImageTextToText, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from inference_worker.engines.hf.batch_decode import can_merge_caches, has_plain_positions
+
+    qwen2_vl = Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        text_config=dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1,
+                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4}),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2)))
+    minicpmv = AutoModelForImageTextToText.from_pretrained(tiny_minicpmv46_dir, dtype=torch.float32)
+    assert not has_plain_positions(qwen2_vl) and not can_merge_caches(qwen2_vl)
+    assert has_plain_positions(minicpmv) and can_merge_caches(minicpmv)

@@ -1,6 +1,7 @@
 """The vision-language model engine for families transformers supports natively (Idefics3, LLaVA,
-MiniCPM-V 4.6, …): chat template + processor (`prepare`, on a preprocessing thread), then batched decoding
-with frame KV reuse and JSON-schema-constrained output (`run_batch`, on the model thread; batch_decode.py).
+MiniCPM-V 4.6, …): chat template, processor, grammar compile and frame keys (`prepare`, on a preprocessing
+thread), then continuous batched decoding with frame KV reuse and JSON-schema-constrained output (`run_batch`, on
+the model thread; batch_decode.py), into which requests that arrive meanwhile join through `take_more`.
 """
 
 from __future__ import annotations
