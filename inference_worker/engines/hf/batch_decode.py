@@ -188,16 +188,18 @@ class BatchDecoder:
                 batch.grammar.close()
 
     def _admit(self, batch: _Batch, rows: Sequence[tuple[int, Row]], on_done: OnRowDone) -> None:
-        """Prefill each new row alone and merge the ones still going into the running batch."""
+        """Prefill the new rows (cold ones together where they can be, else each alone), sample their first
+        tokens, hand back the ones already finished and merge the others into the running batch."""
         joined = batch.joining
         live_rows = [(index, row) for index, row in rows if not row.cancelled.is_set()]
         for index, row in rows:
             if row.cancelled.is_set():
                 _finish(on_done, index, RowCancelled())
+        admitted_s = time.perf_counter()               # each row's time to first token counts from here
         prefilled = self._prefill_cold_together(live_rows)
         for index, row in live_rows:
             try:
-                state = self._start_row(batch, index, row, prefilled.get(index))
+                state = self._start_row(batch, index, row, prefilled.get(index), admitted_s)
             except Exception as exc:  # noqa: BLE001 - a request the model cannot prefill fails alone
                 _finish(on_done, index, exc)
                 continue
@@ -263,10 +265,11 @@ class BatchDecoder:
 
     # ------------------------------------------------------------ rows
 
-    def _start_row(self, batch: _Batch, index: int, row: Row, prefilled: Any = None) -> _Live:
+    def _start_row(self, batch: _Batch, index: int, row: Row, prefilled: Any = None,
+                   joined_s: float | None = None) -> _Live:
         """Prefill (unless `prefilled` holds the row's (cache, logits, level) already, or its frame Lookup) and
         sample the row's first token."""
-        joined_s = time.perf_counter()
+        joined_s = time.perf_counter() if joined_s is None else joined_s
         if isinstance(prefilled, tuple):
             cache, logits, kv_cache = prefilled
         else:
@@ -274,7 +277,11 @@ class BatchDecoder:
         state = _Live(index, row, TokenSampler(row.sampling, logits.device), cache, row.inputs.num_tokens, kv_cache,
                       joined_s=joined_s, logits=[] if self.keep_logits else None)
         state.slot = self._grammar_slot(batch, row)
-        self._append_tokens([state], logits.unsqueeze(0), batch.grammar)
+        try:
+            self._append_tokens([state], logits.unsqueeze(0), batch.grammar)
+        except Exception:
+            self._release(batch, state)              # its grammar row, which no one else would free
+            raise
         state.first_token_s = time.perf_counter()
         return state
 
