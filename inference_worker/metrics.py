@@ -122,7 +122,9 @@ class WorkerMetrics:
                                         "torch.cuda.empty_cache calls, as reported by the engine.")
         self.model_loaded = Gauge("deskeye_worker_model_loaded", "1 once the engine is loaded and serving, else 0.")
         self.queue_depth = Gauge("deskeye_worker_queue_depth", "Prepared requests waiting for the model thread.")
-        self.batch_size = Histogram("deskeye_worker_batch_size", "Requests decoded together, per batch.",
+        self.batch_size = Histogram("deskeye_worker_batch_size",
+                                    "Requests answered per model call (a continuous decode: those it started "
+                                    "with and those that joined it).",
                                     buckets=BATCH_SIZE_BUCKETS)
         self.queue_wait = Histogram("deskeye_worker_queue_wait_seconds",
                                     "Time a prepared request waited in the queue before its batch started.",

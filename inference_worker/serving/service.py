@@ -200,7 +200,6 @@ class ModelService:
         jobs = self._startable(batch)
         if not jobs:
             return
-        self._metrics.batch_size.observe(len(jobs))
         self._metrics.batches.inc()
         started_s = time.monotonic()
         try:
@@ -210,6 +209,7 @@ class ModelService:
             self._engine_failed(jobs, exc)
         finally:
             self._after_call()
+            self._metrics.batch_size.observe(len(jobs))      # the model call's requests, joiners included; last
             self._signals.batch_finished(time.monotonic() - started_s)
 
     def _startable(self, batch) -> list[Job]:
