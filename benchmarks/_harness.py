@@ -371,6 +371,22 @@ def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+def fetch_metrics(endpoint: Endpoint) -> dict[str, float] | None:
+    """The server's GET /metrics as {series: value} (the deskeye worker's), or None where it has none."""
+    from inference_worker.metrics import parse_metrics
+
+    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        conn.request("GET", "/metrics", headers=endpoint.headers())
+        response = conn.getresponse()
+        text = response.read().decode("utf-8", errors="replace")
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    return parse_metrics(text) if response.status == 200 else None
+
+
 def post_one(endpoint: Endpoint, body: dict) -> Reply:
     client = Client(endpoint)
     try:

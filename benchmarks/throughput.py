@@ -1,9 +1,11 @@
 """Worker throughput: batching under concurrent clients, against one-at-a-time and `transformers serve`, plus
 frame KV reuse and grammar cost — one run, same model, same requests.
 
-    .venv/bin/python -m benchmarks.throughput [--model PATH_OR_ID] [--json-out PATH] [--quick | --smoke]
+    .venv/bin/python -m benchmarks.throughput [--fixture idefics3|minicpmv46 | --model PATH_OR_ID]
+                                             [--json-out PATH] [--quick | --smoke]
 
-Without --model it builds the tiny random Idefics3 test fixture into a temporary folder. Parts:
+Without --model it builds a tiny random test fixture into a temporary folder: Idefics3 (default) or MiniCPM-V 4.6
+(`--fixture minicpmv46`: hybrid linear/full-attention text model). Parts:
  (i)   one request at a time: a worker started with --max-batch-size 1, one client sending sequentially;
  (ii)  the worker with batching (its default --max-batch-size 8: 16 clients make two batches that take turns,
        one preparing while the other generates) under 1, 4, 8 and 16 closed-loop clients;
@@ -14,7 +16,9 @@ Without --model it builds the tiny random Idefics3 test fixture into a temporary
  (v)   per-token decode cost with and without DeskEye's JSON schema, at the same token count.
 Every throughput request carries its own 800x600 screenshot, so frame KV reuse cannot flatter the batching rows.
 All servers run with the same torch threads (--threads, default 1) and free-text requests generate a fixed
-number of tokens (--max-tokens; random models rarely emit EOS). Prints tables and writes JSON.
+number of tokens (--max-tokens; random models rarely emit EOS). The batching rows also report the mean number of
+rows the worker decoded per step (its decode_row_steps / decode_steps counters over the row). Prints tables, every
+target with MET / MISSED, and writes JSON (default benchmarks/results/throughput-FIXTURE.json).
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks._harness import (Endpoint, Reply, ServerPool, ServerUnavailable, dark_mode, deskeye_worker, fmt,
-                                 median, percentile, post_one, render_screen, rounded, run_closed_loop, screen_png,
-                                 to_png, transformers_serve, with_cursor)
+from benchmarks._harness import (Endpoint, Reply, ServerPool, ServerUnavailable, dark_mode, deskeye_worker,
+                                 fetch_metrics, fmt, median, percentile, post_one, render_screen, rounded,
+                                 run_closed_loop, screen_png, to_png, transformers_serve, with_cursor)
 from benchmarks._results import write_result
 
-DEFAULT_JSON_OUT = Path("benchmarks/results/throughput.json")
+RESULTS_DIR = Path("benchmarks/results")
+FIXTURES = {"idefics3": ("build_tiny_idefics3", "tiny random Idefics3 (tests/fixtures)"),
+            "minicpmv46": ("build_tiny_minicpmv46", "tiny random MiniCPM-V 4.6 (tests/fixtures, hybrid attention)")}
 QUESTIONS = ("What is on this screen?", "Which window has focus, and what does it show?",
              "List the buttons you can see.", "Is there an error message on the screen?")
 SERVE_OPTIONS = ("--continuous-batching",)
@@ -41,6 +47,7 @@ TARGET_CLIENTS = 8
 TARGET_SPEEDUP = 4.0
 TARGET_TTFT_SHARE = 1 / 3
 TARGET_GRAMMAR_OVERHEAD = 0.05
+TARGET_MEAN_LIVE_ROWS = 7.0
 
 
 @dataclass(frozen=True)
@@ -91,13 +98,18 @@ class LoadRow:
     mean_batch_size: float | None     # from deskeye.batch_size (None: the server does not report it)
     server_queue_p50_ms: float | None  # from deskeye.timing.queue_ms (arrival -> batch start, incl. the window)
     server_ttft_p50_ms: float | None  # from deskeye.timing.ttft_ms (batch start -> first token)
+    mean_live_rows: float | None = None   # rows decoded per step over this row (the worker's counters)
     errors: list[str] = field(default_factory=list)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="model folder or Hub id (default: build the tiny Idefics3 fixture)")
-    parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON_OUT)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", help="model folder or Hub id (default: build a tiny fixture, see --fixture)")
+    source.add_argument("--fixture", choices=sorted(FIXTURES), default="idefics3",
+                        help="the tiny random fixture to build and measure (default idefics3)")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="where the JSON goes (default benchmarks/results/throughput-FIXTURE.json)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="16 requests per row, fewer trials (~1 min)")
     size.add_argument("--smoke", action="store_true",
@@ -115,6 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.threads, args.max_batch_size, args.max_tokens, args.json_max_tokens) < 1:
         parser.error("--threads, --max-batch-size, --max-tokens and --json-max-tokens must be at least 1")
+    if args.json_out is None:
+        args.json_out = RESULTS_DIR / f"throughput-{'model' if args.model else args.fixture}.json"
     return args
 
 
@@ -187,7 +201,9 @@ def warm_up(endpoint: Endpoint, requests: RequestSets) -> None:
 
 def measure_load(part: str, endpoint: Endpoint, output: str, bodies: list[bytes], num_clients: int,
                  ) -> tuple[LoadRow, list[Reply]]:
+    before = fetch_metrics(endpoint)
     replies, wall_s = run_closed_loop(endpoint, bodies, num_clients)
+    after = fetch_metrics(endpoint)
     ok = [r for r in replies if r.is_ok]
     tokens = sum(r.completion_tokens for r in ok)
     batch_sizes = [r.deskeye["batch_size"] for r in ok if isinstance(r.deskeye.get("batch_size"), int)]
@@ -200,10 +216,20 @@ def measure_load(part: str, endpoint: Endpoint, output: str, bodies: list[bytes]
         mean_batch_size=rounded(sum(batch_sizes) / len(batch_sizes), 2) if batch_sizes else None,
         server_queue_p50_ms=rounded(median(timings_ms(ok, "queue_ms")), 1),
         server_ttft_p50_ms=rounded(median(timings_ms(ok, "ttft_ms")), 1),
+        mean_live_rows=mean_live_rows(before, after),
         errors=sorted({f"HTTP {r.status}: {r.error[:200]}" for r in replies if not r.is_ok})[:3])
     print(f"  {part} {endpoint.name:<26} {output:<4} {num_clients:>2} clients: {row.requests_per_s:.2f} req/s, "
           f"{row.num_ok}/{row.num_requests} ok in {wall_s:.1f} s")
     return row, replies
+
+
+def mean_live_rows(before: dict | None, after: dict | None) -> float | None:
+    """Rows decoded per decode step between two /metrics readings (None: the server does not count them)."""
+    keys = ("deskeye_worker_decode_steps_total", "deskeye_worker_decode_row_steps_total")
+    if before is None or after is None or not all(k in after for k in keys):
+        return None
+    steps, row_steps = (after[k] - before.get(k, 0.0) for k in keys)
+    return round(row_steps / steps, 2) if steps > 0 else None
 
 
 def timings_ms(replies: list[Reply], name: str) -> list[float]:
@@ -441,6 +467,10 @@ def targets(rows: list[LoadRow], plan: Plan, repeated: dict, grammar: dict) -> l
         found.append(target(f"{n} clients >= {TARGET_SPEEDUP:g}x one-at-a-time ({output} requests, req/s)",
                             batched and batched.requests_per_s, single and single.requests_per_s,
                             TARGET_SPEEDUP, higher_is_better=True))
+    for output in ("json", "free"):
+        batched = find_row(rows, "(ii)", output, n)
+        found.append(target(f"mean live rows >= {TARGET_MEAN_LIVE_ROWS:g} at {n} clients ({output} requests)",
+                            batched and batched.mean_live_rows, 1.0, TARGET_MEAN_LIVE_ROWS, higher_is_better=True))
     batched, serve = find_row(rows, "(ii)", "free", n), find_row(rows, "(iii)", "free", n)
     found.append(target(f"{n} clients >= transformers serve under the same load (free requests, req/s)",
                         batched and batched.requests_per_s, serve and serve.requests_per_s, 1.0,
@@ -469,21 +499,23 @@ def print_report(report: dict) -> None:
           f"max_tokens={report['json_max_tokens']}; every request has its own 800x600 frame (no KV reuse between "
           f"them); {report['num_requests']} requests per row, closed-loop clients\n")
     header = (f"{'part':<6}{'server':<27}{'output':<7}{'clients':>7}{'ok':>7}{'req/s':>8}{'tok/s':>8}{'tok/req':>8}"
-              f"{'p50 ms':>9}{'p95 ms':>9}{'batch':>7}{'queue ms':>9}{'ttft ms':>9}")
+              f"{'p50 ms':>9}{'p95 ms':>9}{'batch':>7}{'live':>6}{'queue ms':>9}{'ttft ms':>9}")
     print(header)
     print("-" * len(header))
     for r in report["throughput"]:
         print(f"{r['part']:<6}{r['server'][:26]:<27}{r['output']:<7}{r['num_clients']:>7}"
               f"{r['num_ok']:>4}/{r['num_requests']:<2}{r['requests_per_s']:>8.2f}{r['tokens_per_s']:>8.0f}"
               f"{r['tokens_per_request']:>8.1f}{fmt(r['p50_ms']):>9}{fmt(r['p95_ms']):>9}"
-              f"{fmt(r['mean_batch_size'], 2):>7}{fmt(r['server_queue_p50_ms']):>9}{fmt(r['server_ttft_p50_ms']):>9}")
+              f"{fmt(r['mean_batch_size'], 2):>7}{fmt(r['mean_live_rows'], 2):>6}{fmt(r['server_queue_p50_ms']):>9}"
+              f"{fmt(r['server_ttft_p50_ms']):>9}")
         for error in r["errors"]:
             print(f"      error: {error}")
     print(f"(i) = worker --max-batch-size 1, one client sending sequentially, on the requests of the "
           f"{report['anchor_clients']}-client rows; free = the same kind of requests without response_format "
           "(transformers serve ignores it, so the free rows are the like-for-like comparison); p50/p95 = client "
-          "latency; batch, queue ms (arrival -> batch start) and ttft ms (batch start -> first token) come from "
-          "the worker's deskeye fields (p50)")
+          "latency; batch (most rows decoded with each request), queue ms (arrival -> its decode) and ttft ms "
+          "(joining the decode -> first token) come from the worker's deskeye fields (p50); live = rows decoded per "
+          "step over the row (the worker's /metrics counters)")
     print_model_only(report["model_only"])
     print_serve(report["transformers_serve"])
     print_repeated(report["repeated_frame"])
@@ -533,7 +565,7 @@ def print_grammar(result: dict) -> None:
 
 
 def print_targets(found: list[dict]) -> None:
-    print("\ntargets (issue 3)")
+    print("\ntargets (issues 3 and 12)")
     for t in found:
         verdict = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]
         print(f"  {verdict:<7}{t['target']}: {fmt(t['measured'], 2)} vs {fmt(t['baseline'], 2)} -> ratio "
@@ -553,14 +585,15 @@ def main(argv: list[str] | None = None) -> int:
         work_dir = Path(tmp)
         model = args.model
         if model is None:
-            from tests.fixtures.tiny_models import build_tiny_idefics3
-            model = str(build_tiny_idefics3(work_dir / "tiny_idefics3"))
+            from tests.fixtures import tiny_models
+            builder = getattr(tiny_models, FIXTURES[args.fixture][0])
+            model = str(builder(work_dir / f"tiny_{args.fixture}"))
         requests = RequestSets(model, args, plan.num_requests)
         measured = measure_all(model, work_dir, args, plan, requests, start_together=args.model is None)
         model_only = measure_model_only(model, args, plan, requests)
     rows, repeated, grammar = measured["rows"], measured["repeated"], measured["grammar"]
     report = {
-        "benchmark": "throughput", "model": args.model or "tiny random Idefics3 (tests/fixtures)",
+        "benchmark": "throughput", "model": args.model or FIXTURES[args.fixture][1],
         "device": args.device, "threads": args.threads, "max_batch_size": args.max_batch_size,
         "max_tokens": args.max_tokens, "json_max_tokens": args.json_max_tokens, "num_requests": plan.num_requests,
         "levels": list(plan.levels), "anchor_clients": plan.anchor_clients, **environment(),

@@ -67,8 +67,9 @@ class WorkerMetrics:
                              "Accepted requests not yet decoding (preparing or queued); --max-queue bounds it.")
         self.open_requests = gauge("deskeye_worker_open_requests",
                                    "HTTP requests being served now; --max-connections bounds it.")
-        self.batch_size = histogram("deskeye_worker_batch_size", "Requests decoded together, per batch.",
-                                    BATCH_SIZE_BUCKETS)
+        self.batch_size = histogram("deskeye_worker_batch_size",
+                                    "Requests answered per model call (a continuous decode: those it started "
+                                    "with and those that joined it).", BATCH_SIZE_BUCKETS)
         self.queue_wait = histogram("deskeye_worker_queue_wait_seconds",
                                     "Time a prepared request waited in the queue before its batch started.",
                                     QUEUE_WAIT_BUCKETS_S)
@@ -81,6 +82,11 @@ class WorkerMetrics:
                                   "Frame KV cache lookups by result (exact | similar | miss).", ("result",))
         self.kv_bytes = gauge("deskeye_worker_kv_cache_bytes", "Bytes of prefix KV kept for frames.")
         self.kv_entries = gauge("deskeye_worker_kv_cache_entries", "Frames whose prefix KV is kept.")
+        self.live_rows = gauge("deskeye_worker_live_rows", "Rows the engine is decoding right now.")
+        self.decode_steps = counter("deskeye_worker_decode_steps_total",
+                                    "Batched decode steps, as reported by the engine.")
+        self.decode_row_steps = counter("deskeye_worker_decode_row_steps_total",
+                                        "Rows decoded summed over decode steps (/ steps = mean live rows).")
         self.kv_evictions = counter("deskeye_worker_kv_cache_evictions_total",
                                     "Frames dropped from the KV cache to stay within --kv-cache-mb.")
 

@@ -28,6 +28,7 @@ def test_throughput_smoke_writes_every_section(tmp_path):
         assert row["num_ok"] == row["num_requests"] == plan.num_requests, row["errors"]
         for key in ("requests_per_s", "tokens_per_s", "p50_ms", "p95_ms", "mean_batch_size", "server_ttft_p50_ms"):
             assert _is_number(row[key]), (key, row)
+        assert _is_number(row["mean_live_rows"]) and 1 <= row["mean_live_rows"] <= row["num_clients"], row
         if row["output"] == "free":              # fixed work per request: every answer runs to max_tokens
             assert row["tokens_per_request"] == report["max_tokens"]
 
@@ -51,7 +52,7 @@ def test_throughput_smoke_writes_every_section(tmp_path):
     assert all(_is_number(model_only[k]) and model_only[k] > 0 for k in ("one_at_a_time_ms", "batched_ms", "ratio"))
 
     found = {t["target"]: t for t in report["targets"]}
-    assert len(found) == 5
+    assert len(found) == 7
     serve_target = next(t for name, t in found.items() if "transformers serve" in name)
     assert serve_target["met"] is None                 # not measured in --smoke, so neither met nor missed
     for t in (t for t in found.values() if t is not serve_target):

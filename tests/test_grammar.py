@@ -326,6 +326,35 @@ def test_apply_with_a_subset_of_rows_masks_each_line_for_its_row(grammars):
     expect([0, 3, 1])                   # row 1 again, after row 3 moved on alone
 
 
+def test_rows_join_and_leave_a_grammar_batch_and_a_freed_row_is_reused_with_its_own_mask(grammars):
+    """Continuous batching: rows are added while others decode; a released row's line serves the next joiner
+    from that joiner's own start, so a decode that never stops holds only as many lines as it had rows live."""
+    width = grammars.vocab_size
+    batch = grammars.batch([STRING_SCHEMA])
+    first_mask = torch.zeros(1, width)
+    batch.apply(first_mask, [0])
+    token = min(finite_ids(first_mask[0]))
+    batch.advance([0], [token])
+    joiner = batch.add(grammars.matcher(ARRAY_SCHEMA))
+    free = batch.add(None)
+    assert (joiner, free) == (1, 2) and len(batch) == 3
+    logits = torch.zeros(3, width)
+    batch.apply(logits, [0, 1, 2])
+    reference = grammars.matcher(STRING_SCHEMA)
+    reference.consume_token(token)
+    assert finite_ids(logits[0]) == reference_allowed(reference, grammars)
+    assert finite_ids(logits[1]) == reference_allowed(grammars.matcher(ARRAY_SCHEMA), grammars)
+    assert torch.equal(logits[2], torch.zeros(width))
+
+    batch.release(0)
+    reused = batch.add(grammars.matcher(DESKEYE_SCHEMA))
+    assert reused == 0 and len(batch) == 3                       # the freed line, not a new one
+    logits = torch.zeros(1, width)
+    batch.apply(logits, [0])
+    assert finite_ids(logits[0]) == reference_allowed(grammars.matcher(DESKEYE_SCHEMA), grammars)
+    assert batch.elapsed_s_for(0) > 0
+
+
 def test_a_refused_token_is_an_error_and_the_row_can_only_end(grammars):
     batch = grammars.batch([STRING_SCHEMA])
     logits = torch.zeros(1, grammars.vocab_size)

@@ -12,7 +12,6 @@ import torch
 from PIL import Image
 
 from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
-from inference_worker.engines.hf.batch_decode import Row
 from inference_worker.engines.hf.engine import load_transformers_engine
 from inference_worker.protocol import DESKEYE_SCHEMA, build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import chat_request
@@ -61,7 +60,7 @@ def decode(engine, question: str, png: bytes, **body):
     request, images = chat_request(question, png, **body)
     prepared = engine.prepare(request, images)
     results = []
-    engine.decoder.run([Row(prepared.inputs, request.sampling, request.json_schema)],
+    engine.decoder.run([engine.decoder_row(prepared)],
                        lambda index, result: results.append(result))
     return results[0]
 

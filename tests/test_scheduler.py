@@ -279,6 +279,21 @@ def test_retries_go_first_and_the_window_starts_at_the_oldest_item(clock):
     assert batch.queue_wait_s == pytest.approx([0.25, 1.0, 1.0])
 
 
+def test_take_ready_hands_over_what_is_queued_without_waiting_for_any_window(clock):
+    """Rows joining a running decode: no window, retries first, at most the room the decode has."""
+    queue = BatchQueue(max_batch_size=8, clock=clock)
+    assert queue.take_ready(4).items == []
+    queue.put("a")
+    queue.put("b")
+    queue.put("retry", front=True)
+    clock.now_s += 0.5
+    joined = queue.take_ready(2)
+    assert joined.items == ["retry", "a"] and joined.window_s == 0.0
+    assert joined.queue_wait_s == pytest.approx([0.5, 0.5])
+    assert queue.take_ready(0).items == [] and len(queue) == 1
+    assert queue.take_ready(5).items == ["b"] and len(queue) == 0
+
+
 def test_stop_unblocks_an_empty_take():
     stop = threading.Event()
     thread, result = _take_in_thread(BatchQueue(max_batch_size=4), lambda: 0.0, stop)

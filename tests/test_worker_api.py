@@ -24,6 +24,7 @@ from inference_worker.protocol import (DESKEYE_SCHEMA, Completion, build_message
                                        image_data_url, parse_chat_request)
 from inference_worker.server.lifetime import run_worker
 from tests.fixtures.text_image import render_text_png
+from tests.fixtures.polling import wait_until
 from tests.fixtures.worker import WorkerHandle, running_worker, start_worker
 
 NUM_SCHEMA_REQUESTS = 50
@@ -255,6 +256,8 @@ def test_cuda_empty_cache_calls_reach_the_metric(tiny_idefics3_dir, tmp_path, mo
         for i in range(3):
             client.chat.completions.create(model="deskeye", max_tokens=2,
                                            messages=[{"role": "user", "content": f"hi {i}"}])
+        # an answer leaves as its row ends; after_call follows on the model thread when the decode is over
+        wait_until(lambda: len(calls) >= 3 and handle.metrics()["deskeye_worker_cache_release_total"] >= 3)
         metrics = handle.metrics()
         assert calls == ["empty_cache"] * 3
         assert metrics["deskeye_worker_cuda_empty_cache_total"] == 3

@@ -5,19 +5,94 @@
 - "auto": transformers when a model is given, falling back to OCR (with a warning) when it cannot load;
   OCR when no model is given.
 `ground_with_ocr` wraps a model engine so each prompt also carries the OCR text of its images.
+
+Which loader and which engine a model folder gets is decided in one place, `FAMILIES` (first match on the folder's
+config.json wins). Entries name their functions as "module:attribute" and are imported only when chosen, so
+`loading`, `minicpmo` and `engine` never import one another to decide.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from inference_worker.config import WorkerConfig
     from inference_worker.engines.base import Engine
 
 log = logging.getLogger("deskeye.worker")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a Hugging Face model is loaded and served (from WorkerConfig, or a test)."""
+    device: str = "auto"
+    dtype: str = "auto"
+    use_grammar: bool = True
+    num_threads: int | None = None
+    kv_cache_bytes: int = 0                       # frame KV (or vision features) budget; counted in the VRAM check
+    kv_similar_threshold: float | None = None     # None: the similar level is off
+
+    def __post_init__(self):
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1 (or None for torch's default); got {self.num_threads}.")
+        if self.kv_cache_bytes < 0:
+            raise ValueError(f"kv_cache_bytes must be >= 0 (0 = off); got {self.kv_cache_bytes}.")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: which config.json it claims, the function that loads its parts and the engine factory."""
+    name: str
+    model_types: tuple[str, ...]       # config.json model_type values it claims; () = any (the fallback)
+    load_parts: str                    # "module:function" (path, *, dtype, attn_implementation, device, step)
+    make_engine: str                   # "module:function" (LoadedModel, EngineOptions) -> Engine
+    claims_remote_code: str = ""       # an auto_map class-name fragment that also claims a folder
+
+    def matches(self, config: dict[str, Any]) -> bool:
+        if not self.model_types:
+            return True
+        auto_map = config.get("auto_map") or {}
+        return config.get("model_type") in self.model_types or bool(
+            self.claims_remote_code and any(self.claims_remote_code in str(v) for v in auto_map.values()))
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("minicpmo", ("minicpmo",), "inference_worker.engines.hf.minicpmo:load_minicpmo_parts",
+           "inference_worker.engines.hf.minicpmo:make_engine", claims_remote_code="MiniCPMO"),
+    Family("minicpmv4_6", ("minicpmv4_6", "minicpmv4_7"), "inference_worker.engines.hf.minicpmv:load_minicpmv_parts",
+           "inference_worker.engines.hf.engine:make_engine"),
+    Family("transformers", (), "inference_worker.engines.hf.loading:load_transformers_parts",
+           "inference_worker.engines.hf.engine:make_engine"),
+)
+
+
+def family_for(config: dict[str, Any]) -> Family:
+    """The first family in FAMILIES that claims this config.json."""
+    return next(family for family in FAMILIES if family.matches(config))
+
+
+def _resolve(reference: str) -> Any:
+    module, attribute = reference.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def load_hf_engine(model: str, options: EngineOptions, *, progress: bool = True) -> "Engine":
+    """Load `model` (folder or Hub id) with its family's loader and wrap it in its family's engine."""
+    from inference_worker.engines.hf.engine import apply_num_threads
+    from inference_worker.engines.hf.loading import LoadSpec, load_model
+
+    apply_num_threads(options.num_threads)
+    spec = LoadSpec(model, options.device, options.dtype, kv_cache_bytes=options.kv_cache_bytes)
+    loaded = load_model(spec, family_for, progress=progress, resolve=_resolve)
+    return _resolve(family_for_name(loaded.family).make_engine)(loaded, options)
+
+
+def family_for_name(name: str) -> Family:
+    return next(family for family in FAMILIES if family.name == name)
 
 
 def _no_progress(message: str) -> None:
@@ -53,10 +128,8 @@ def _load_ocr(progress: Callable[[str], None]) -> "Engine":
 
 
 def _load_transformers(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engine":
-    from inference_worker.engines.hf.engine import load_transformers_engine
     progress(f"loading {config.model}")
-    return load_transformers_engine(config.model, device=config.device, dtype=config.dtype,
-                                    use_grammar=config.use_grammar, num_threads=config.num_threads or None,
-                                    kv_cache_bytes=config.kv_cache_bytes,
-                                    kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None,
-                                    progress=sys.stderr.isatty())   # a tqdm bar for people, not for log files
+    options = EngineOptions(device=config.device, dtype=config.dtype, use_grammar=config.use_grammar,
+                            num_threads=config.num_threads or None, kv_cache_bytes=config.kv_cache_bytes,
+                            kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None)
+    return load_hf_engine(config.model, options, progress=sys.stderr.isatty())   # a tqdm bar for people only

@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from inference_worker.errors import CancelledError
 from inference_worker.protocol import ChatRequest, Completion
 
 if TYPE_CHECKING:
@@ -15,6 +16,16 @@ if TYPE_CHECKING:
 
 #: run_batch's callback: (index in the batch, the completion or the exception that request ended with)
 OnDone = Callable[[int, "Completion | Exception"], None]
+#: run_batch's source of rows joining a running decode: (rows decoding now) -> prepared requests that arrived
+#: since (possibly none); it never waits. They are numbered after the batch's items, in the order handed over.
+TakeMoreItems = Callable[[int], Sequence["Prepared"]]
+
+
+class RowCancelled(CancelledError):
+    """A row's outcome when its `Prepared.cancelled` event was set: it stopped decoding and is never retried."""
+
+    def __init__(self, reason: str = "its client went away or it timed out"):
+        super().__init__(reason)
 
 
 @dataclass
@@ -39,9 +50,14 @@ class EngineStats:
     kv_bytes: int = 0                       # bytes of frame KV held
     kv_entries: int = 0
     kv_evictions: int = 0
+    num_decode_steps: int = 0               # batched decode steps so far
+    num_row_steps: int = 0                  # rows decoded, summed over those steps (/ steps = mean live rows)
 
 
 class Engine(ABC):
+    """What the service calls: `prepare` (preprocessing threads), `run_batch`, `after_call` and `close` (the
+    model thread), `device`, `stats()`. Nothing else: the service never probes an engine for attributes."""
+
     #: the name reported by GET /v1/models and in responses
     model_name: str = "deskeye"
     #: the short engine kind the app reports ("ocr", "transformers", ...)
@@ -67,10 +83,15 @@ class Engine(ABC):
         """Answer one prepared request; the default `run_batch` calls this for each item in turn."""
         return self.complete(item.request, item.images)
 
-    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
-        """Answer every item, calling `on_done` as each ends. This default answers them one by one; an
-        exception for one item is that item's answer."""
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone, take_more: TakeMoreItems | None = None) -> None:
+        """Answer every item, calling `on_done` as each ends. An engine that decodes continuously also answers the
+        items `take_more(num_live)` hands over between its steps (numbered after `items`). This default answers
+        `items` one by one (it takes no more); an exception for one item is that item's answer, and an item whose
+        `cancelled` event is set is answered RowCancelled without running."""
         for index, item in enumerate(items):
+            if item.cancelled.is_set():
+                on_done(index, RowCancelled())
+                continue
             try:
                 completion = self.complete_prepared(item)
             except Exception as exc:  # noqa: BLE001 - handed to the service, which answers that request

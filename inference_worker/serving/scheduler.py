@@ -251,6 +251,16 @@ class BatchQueue:
                     return self._pop_batch(window)
         return None
 
+    def take_ready(self, max_items: int) -> Batch:
+        """Up to `max_items` queued items at once, without waiting (rows joining a running decode: the window
+        applies only to a batch that starts from idle); an empty batch when none are queued."""
+        with self._cond:
+            count = max(0, min(max_items, len(self._entries)))
+            now_s = self._clock()
+            entries = [self._entries.popleft() for _ in range(count)]
+        return Batch(items=[item for _, item in entries], queue_wait_s=[now_s - queued_s for queued_s, _ in entries],
+                     window_s=0.0)
+
     def drain(self) -> list:
         """Remove and return every queued item (at shutdown)."""
         with self._cond:

@@ -13,6 +13,11 @@ request whose client went away or timed out is cancelled (`cancel`): its `Prepar
 it is dropped if it has not started decoding and the engine ends its row at the next step if it has; a
 cancelled row is never retried. A streamed request (`on_text`) gets text as the engine produces it and is never
 retried once text was sent: a schema failure ends its stream with the error instead.
+
+The seam with a continuously decoding engine: `run_batch(items, on_done, take_more)`. Between decode steps the
+engine calls `take_more(num_live)`; the service hands it, without waiting, up to `max_batch_size - num_live`
+queued requests (retries first), which join the running decode; their `on_done` indices continue after the
+batch's. The load-adaptive window applies only to a batch that starts from idle.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, Callable
 
 from inference_worker.config import WorkerConfig
 from inference_worker.serving.validation import output_problem, retry_request
-from inference_worker.engines.base import Engine, Prepared
+from inference_worker.engines.base import Engine, EngineStats, Prepared
 from inference_worker.serving.images import decode_request_images
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.errors import CancelledError, ProtocolError, QueueFullError, ServiceError
@@ -243,24 +248,40 @@ class ModelService:
         return window_s
 
     def _run_batch(self, batch) -> None:
+        jobs = self._startable(batch)
+        if not jobs:
+            return
+        self._metrics.batches.inc()
+        started_s = time.monotonic()
+        try:
+            self.engine.run_batch([job.prepared for job in jobs], lambda index, outcome: self._row_done(
+                jobs[index], outcome), lambda num_live: self._take_more(jobs, num_live))
+        except Exception as exc:  # noqa: BLE001 - the batch failed: every row not yet answered gets the error
+            self._engine_failed(jobs, exc)
+        finally:
+            self._after_call()
+            self._metrics.batch_size.observe(len(jobs))      # the model call's requests, joiners included; last
+            self._signals.batch_finished(time.monotonic() - started_s)
+
+    def _startable(self, batch) -> list[Job]:
+        """The batch's jobs that still want an answer (not cancelled while they waited), queue metrics kept."""
         jobs = [job for job in batch.items if self._starts(job)]
         self._metrics.queue_depth.set(len(self._queue))
         for job, wait_s in zip(batch.items, batch.queue_wait_s):
             job.queue_wait_s = wait_s
             self._metrics.queue_wait.observe(wait_s)
-        if not jobs:
-            return
-        self._metrics.batch_size.observe(len(jobs))
-        self._metrics.batches.inc()
-        started_s = time.monotonic()
-        try:
-            self.engine.run_batch([job.prepared for job in jobs], lambda index, outcome: self._row_done(
-                jobs[index], outcome))
-        except Exception as exc:  # noqa: BLE001 - the batch failed: every row not yet answered gets the error
-            self._engine_failed(jobs, exc)
-        finally:
-            self._after_call()
-            self._signals.batch_finished(time.monotonic() - started_s)
+        return jobs
+
+    def _take_more(self, jobs: list[Job], num_live: int) -> list[Prepared]:
+        """Between decode steps (model thread): queued requests to join the running decode, without waiting;
+        they are appended to `jobs`, so their indices follow. Also refreshes the decode metrics."""
+        self._update_decode_metrics()
+        room = self._queue.max_batch_size - num_live
+        if room <= 0 or self._stop.is_set() or not len(self._queue):
+            return []
+        joined = self._startable(self._queue.take_ready(room))
+        jobs.extend(joined)
+        return [job.prepared for job in joined]
 
     def _starts(self, job: Job) -> bool:
         """Whether a taken job decodes now: not if it was cancelled while it waited."""
@@ -276,9 +297,18 @@ class ModelService:
         return False
 
     def _row_done(self, job: Job, outcome: Completion | Exception) -> None:
-        """One row ended (model thread): answer it, or queue it again as a retry (never a cancelled row, and
-        never a stream that already sent text)."""
-        if job.cancelled.is_set():
+        """One row ended (model thread): answer it, or queue it again as a retry. Nothing here escapes: a failure
+        while judging the answer (e.g. validating it) is this row's error, never its batch's."""
+        try:
+            self._judge(job, outcome)
+        except Exception as exc:  # noqa: BLE001 - one row's failure stays that row's
+            log.warning("answering a row failed: %s", _one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+            self._settle(job, ServiceError(f"The worker could not check this answer: {_one_line(exc)}", status=500,
+                                           code="engine_error"))
+
+    def _judge(self, job: Job, outcome: Completion | Exception) -> None:
+        """Answer the row, or queue it again as a retry (never a cancelled row, nor a stream that sent text)."""
+        if job.cancelled.is_set() or isinstance(outcome, CancelledError):
             self._metrics.engine_calls.labels(outcome="cancelled").inc()
             self._settle_cancelled(job)
             return
@@ -356,6 +386,13 @@ class ModelService:
         self._metrics.kv_bytes.set(stats.kv_bytes)
         self._metrics.kv_entries.set(stats.kv_entries)
         self._metrics.advance_to(self._metrics.kv_evictions, stats.kv_evictions)
+        self._update_decode_metrics(stats)
+
+    def _update_decode_metrics(self, stats: EngineStats | None = None) -> None:
+        stats = stats or self.engine.stats()
+        self._metrics.live_rows.set(stats.live_rows)
+        self._metrics.advance_to(self._metrics.decode_steps, stats.num_decode_steps)
+        self._metrics.advance_to(self._metrics.decode_row_steps, stats.num_row_steps)
 
     def _count_invalid(self, problem: str) -> None:
         self._metrics.invalid_outputs.inc()

@@ -1,32 +1,44 @@
-"""One batched generation for transformers vision-language models: the model-thread half of dynamic batching.
+"""Continuous batched decoding for transformers language models: the model-thread half of batching.
 
-Each request is prefilled on its own: its prompt is split after the last image token into a *prefix*
-(system prompt, earlier turns, image tokens) and a *suffix* (the rest, up to the generation prompt). The
-prefix KV comes from the FrameCache when this frame (exact) or a near-identical one (similar) was prefilled
-before; otherwise the prefix is prefilled with the images and kept. Then the rows' caches are merged with left
-padding and decoded together, one token per row per step: each row has its own sampling (greedy, or seeded
-temperature/top-p/top-k), its own grammar state and its own token limit. A row that ends is handed back at
-once through `on_done` and leaves the batch, so a short answer never waits for a long one.
+Rows join a running decode and leave it the moment they end. Each row is prefilled on its own: its prompt is split
+after the last image token into a *prefix* (system prompt, earlier turns, image tokens) and a *suffix* (the rest,
+up to the generation prompt); the prefix KV comes from the FrameCache when this frame (exact) or a near-identical
+one (similar) was prefilled before (then only the suffix is prefilled), else the prefix is prefilled with the images
+and kept. The new rows' caches are then merged into the running batch with left padding (cache_ops.py) and all
+live rows decode together, one token per row per step, each with its own sampling (greedy, or seeded temperature/
+top-p/top-k), its own grammar and its own token limit; positions are kept per row, so padding never shifts them.
+
+Between steps the decoder asks `take_more(num_live)` for rows that arrived meanwhile (the service hands them from
+its queue without waiting): a new request waits at most one step, not for the whole batch. A row that ends (EOS,
+its token limit, or its `cancelled` event set) is handed back at once through `on_done` and its row is freed.
+
+Rows may carry their prompt as embeddings (`PromptInputs.prefix_embeds`) instead of image tensors: an engine that
+builds its own multimodal embeddings (MiniCPM-o) then gives the decoder its inner language model.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
+from inference_worker.engines.base import RowCancelled
+from inference_worker.engines.hf import cache_ops
+from inference_worker.engines.hf.frame_cache import NOT_SEARCHED
 from inference_worker.engines.hf.sampling import TokenSampler, argmax_lines
 from inference_worker.protocol import SamplingParams
 
 if TYPE_CHECKING:
+    from inference_worker.engines.hf.frame_cache import FrameCache, FrameSignature  # noqa: F401
     from inference_worker.engines.hf.grammar import SchemaGrammars
-    from inference_worker.engines.hf.frame_cache import FrameCache, FrameSignature
 
+log = logging.getLogger("deskeye.worker")
 
 @dataclass
 class FrameKey:
@@ -34,7 +46,8 @@ class FrameKey:
     exact_key: bytes                 # preprocessed pixels + prefix token ids + model
     group_key: bytes                 # prefix token ids + image layout + model: who may stand in for whom
     signature: "FrameSignature"      # small thumbnails for the similar level
-    nearest: tuple[bytes, float] | None = None   # FrameCache.nearest, found while preparing
+    #: FrameCache.nearest, found while preparing: (key, distance), None (searched, nothing close), or NOT_SEARCHED
+    nearest: Any = NOT_SEARCHED
 
 
 @dataclass
@@ -45,9 +58,11 @@ class PromptInputs:
     vision: dict[str, torch.Tensor]  # the processor's image tensors (pixel_values, ...), for the prefix
     num_images: int = 0
     frame: FrameKey | None = None    # None: no image, or reuse is off
-    #: (1, num_tokens, hidden): the whole prompt already embedded by the engine (MiniCPM-o builds its own
-    #: inputs_embeds); then prefilled from these instead of the ids and `vision`, and never split for reuse
-    inputs_embeds: torch.Tensor | None = None
+    #: (1, p, hidden): the prefix as input embeddings, images already merged in; used instead of prefix_ids and
+    #: `vision` for a cold prefill (the suffix is always token ids)
+    prefix_embeds: torch.Tensor | None = None
+    #: the request's compiled grammar (an llguidance matcher, made while preparing); each attempt decodes with a copy
+    grammar: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -59,10 +74,12 @@ class PromptInputs:
 
 @dataclass
 class Row:
-    """One request in a batch: its inputs, sampling and schema (None = free text)."""
+    """One request in a batch: its inputs, sampling, this attempt's grammar matcher (None = free text) and the
+    event that says its client went away."""
     inputs: PromptInputs
     sampling: SamplingParams
-    schema: dict[str, Any] | None = None
+    grammar: Any = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
     on_token: Callable[[int], None] | None = None   # a streamed row: called with each token as it is chosen
 
 
@@ -72,12 +89,18 @@ class RowResult:
     is_eos: bool
     prompt_tokens: int
     kv_cache: str                    # "exact" | "similar" | "miss" | "off" | "none"
-    batch_size: int                  # rows decoded together
-    ttft_s: float                    # batch start to this row's first token
+    batch_size: int                  # the most rows decoded together while this row decoded (itself included)
+    ttft_s: float                    # joining the decode to this row's first token
     decode_s: float                  # first token to last
     grammar_s: float = 0.0           # this row's share of the grammar's time
     is_constrained: bool = False
+    mean_live_rows: float = 1.0      # rows decoded together, on average over this row's steps
     logits: list[torch.Tensor] | None = None   # per step, kept only with `keep_logits` (tests)
+
+
+OnRowDone = Callable[[int, "RowResult | Exception"], None]
+#: (rows decoding now) -> new (index, Row) pairs to join the decode; [] when none are waiting
+TakeMore = Callable[[int], Sequence[tuple[int, Row]]]
 
 
 @dataclass
@@ -86,203 +109,407 @@ class _Live:
     index: int
     row: Row
     sampler: TokenSampler
-    cache: DynamicCache
+    cache: DynamicCache | None
     num_prompt_tokens: int
     kv_cache: str
-    first_token_s: float
+    joined_s: float
+    first_token_s: float = 0.0
+    slot: int = 0                    # its row in the GrammarBatch
+    grammar_s: float = 0.0           # its share of the grammar's time, read when it leaves
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] | None = None
+    max_live: int = 1
+    live_sum: int = 0                # sum over its steps of the rows live
+    num_steps: int = 0
+
+
+@dataclass
+class _Batch:
+    """The running decode: its live rows, merged cache, attention mask and per-row positions."""
+    live: list[_Live] = field(default_factory=list)
+    cache: DynamicCache | None = None
+    mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    grammar: Any = None              # GrammarBatch once a constrained row joined
+    joining: list[_Live] = field(default_factory=list)   # prefilled, not merged yet
 
 
 class BatchDecoder:
-    """Runs batches on one model; called only from the worker's model thread."""
+    """Runs the continuous decode on one model; called only from the worker's model thread."""
 
     def __init__(self, model: Any, *, eos_token_ids: Sequence[int], frame_cache: "FrameCache | None" = None,
                  grammars: Callable[[], "SchemaGrammars"] | None = None, can_merge: bool = True,
-                 keep_logits: bool = False):
+                 can_prefill_together: bool = False, keep_logits: bool = False):
         self.model = model
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.frame_cache = frame_cache
         self.grammars = grammars
         self.can_merge = can_merge        # False: a cache that left padding cannot merge; rows decode alone
+        #: cold rows that join together are prefilled in one left-padded forward (plain attention, image tensors
+        #: that stack along the batch); else each row is prefilled alone
+        self.can_prefill_together = can_prefill_together and can_merge
         self.keep_logits = keep_logits
+        self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
+        self.live_rows = 0                # rows decoding right now (EngineStats.live_rows)
+        self.num_steps = 0                # batched decode steps so far
+        self.num_row_steps = 0            # sum over those steps of the rows decoded: / num_steps = mean live rows
 
-    def run(self, rows: Sequence[Row], on_done: Callable[[int, "RowResult | Exception"], None]) -> None:
-        """Generate every row; `on_done(index, result)` is called the moment row `index` ends. A row whose prefill
-        fails gets its exception there and the others go on; a failing batched step raises (every row left)."""
-        if self.can_merge:
-            self._run_together(list(enumerate(rows)), on_done, batch_size=len(rows))
-        else:
-            for index, row in enumerate(rows):
-                self._run_together([(index, row)], on_done, batch_size=1)
+    def run(self, rows: Sequence[Row], on_done: OnRowDone) -> None:
+        """Generate every row; `on_done(index in rows, result)` is called the moment that row ends."""
+        self.run_indexed(list(enumerate(rows)), on_done)
 
-    # ------------------------------------------------------------ one batch
+    def run_indexed(self, rows: Sequence[tuple[int, Row]], on_done: OnRowDone, take_more: TakeMore | None = None,
+                    ) -> None:
+        """Generate every (index, row), and the rows `take_more` hands over while decoding; `on_done(index,
+        result)` is called the moment row `index` ends. A row whose prefill fails, or whose `on_done` raises, gets
+        its exception there and the others go on; a failing batched step raises (every live row left). Without
+        `can_merge` rows decode one after the other and `take_more` is not asked (the next call takes them)."""
+        if not self.can_merge:
+            for index, row in rows:
+                self._decode([(index, row)], on_done, None)
+            return
+        self._decode(list(rows), on_done, take_more)
 
-    def _run_together(self, rows: list[tuple[int, Row]], on_done, *, batch_size: int) -> None:
-        started_s = time.perf_counter()
-        grammar = self._grammar_batch(rows)
-        live: list[_Live] = []
+    # ------------------------------------------------------------ the loop
+
+    def _decode(self, first: list[tuple[int, Row]], on_done: OnRowDone, take_more: TakeMore | None) -> None:
+        batch = _Batch()
+        try:
+            self._admit(batch, first, on_done)
+            while True:
+                if take_more is not None:
+                    self._admit(batch, take_more(len(batch.live)), on_done)
+                if not batch.live:
+                    return
+                self._step(batch)
+                self._retire(batch, on_done)
+        finally:
+            self.live_rows = 0
+            if batch.grammar is not None:
+                batch.grammar.close()
+
+    def _admit(self, batch: _Batch, rows: Sequence[tuple[int, Row]], on_done: OnRowDone) -> None:
+        """Prefill the new rows (cold ones together where they can be, else each alone), sample their first
+        tokens, hand back the ones already finished and merge the others into the running batch."""
+        joined = batch.joining
+        live_rows = [(index, row) for index, row in rows if not row.cancelled.is_set()]
         for index, row in rows:
+            if row.cancelled.is_set():
+                _finish(on_done, index, RowCancelled())
+        admitted_s = time.perf_counter()               # each row's time to first token counts from here
+        prefilled = self._prefill_cold_together(live_rows)
+        for index, row in live_rows:
             try:
-                state = self._start_row(index, row, grammar)
+                state = self._start_row(batch, index, row, prefilled.get(index), admitted_s)
             except Exception as exc:  # noqa: BLE001 - a request the model cannot prefill fails alone
-                on_done(index, exc)
+                _finish(on_done, index, exc)
                 continue
             if self._is_finished(state):
-                on_done(index, self._result(state, grammar, batch_size, started_s))
+                self._release(batch, state)
+                _finish(on_done, index, self._result(state, batch))
             else:
-                live.append(state)
-        if live:
-            self._decode(live, grammar, on_done, batch_size, started_s)
+                joined.append(state)
+        if joined:
+            self._merge(batch, joined)
+        batch.joining = []
 
-    def _start_row(self, index: int, row: Row, grammar) -> _Live:
-        cache, logits, kv_cache = self._prefill(row.inputs)
+    def _merge(self, batch: _Batch, joined: list[_Live]) -> None:
+        caches = [s.cache for s in joined]
+        if batch.cache is None:
+            batch.cache, batch.mask = cache_ops.merge(caches)
+        else:
+            batch.cache, batch.mask = cache_ops.append(batch.cache, batch.mask, caches)
+        for state in joined:
+            state.cache = None                        # the merged cache owns the tensors now
+        positions = torch.tensor([[s.num_prompt_tokens + len(s.tokens) - 1] for s in joined], device=batch.mask.device)
+        batch.positions = positions if batch.positions is None else torch.cat([batch.positions, positions])
+        batch.live.extend(joined)
+        self.live_rows = len(batch.live)
+
+    def _step(self, batch: _Batch) -> None:
+        """One token for every live row."""
+        live = batch.live
+        last = torch.tensor([[s.tokens[-1]] for s in live], device=batch.mask.device)
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(live), 1))], dim=1)
+        with torch.inference_mode():
+            out = self.model(input_ids=last, attention_mask=batch.mask, cache=batch.cache, use_cache=True,
+                             logits_to_keep=1, **self._positions(batch.positions))
+        self._append_tokens(live, out.logits[:, -1, :], batch.grammar)
+        batch.positions = batch.positions + 1
+        self.num_steps += 1
+        self.num_row_steps += len(live)
+        for state in live:
+            state.max_live = max(state.max_live, len(live))
+            state.live_sum += len(live)
+            state.num_steps += 1
+
+    def _retire(self, batch: _Batch, on_done: OnRowDone) -> None:
+        """Hand back the rows that ended or were cancelled, and drop their rows from the batch."""
+        keep = [i for i, s in enumerate(batch.live) if not (self._is_finished(s) or s.row.cancelled.is_set())]
+        if len(keep) == len(batch.live):
+            return
+        kept = set(keep)
+        for state in (s for i, s in enumerate(batch.live) if i not in kept):
+            self._release(batch, state)
+            outcome = RowCancelled() if state.row.cancelled.is_set() and not self._is_finished(state) \
+                else self._result(state, batch)
+            _finish(on_done, state.index, outcome)
+        batch.live = [batch.live[i] for i in keep]
+        self.live_rows = len(batch.live)
+        if not batch.live:
+            batch.cache = batch.mask = batch.positions = None
+            return
+        indices = torch.tensor(keep, device=batch.mask.device)
+        cache_ops.select_rows(batch.cache, indices)
+        batch.mask, batch.positions = batch.mask[indices], batch.positions[indices]
+        batch.mask = cache_ops.trim_left(batch.cache, batch.mask)
+
+    # ------------------------------------------------------------ rows
+
+    def _start_row(self, batch: _Batch, index: int, row: Row, prefilled: Any = None,
+                   joined_s: float | None = None) -> _Live:
+        """Prefill (unless `prefilled` holds the row's (cache, logits, level) already, or its frame Lookup) and
+        sample the row's first token."""
+        joined_s = time.perf_counter() if joined_s is None else joined_s
+        if isinstance(prefilled, tuple):
+            cache, logits, kv_cache = prefilled
+        else:
+            cache, logits, kv_cache = self._prefill(row.inputs, prefilled)
         state = _Live(index, row, TokenSampler(row.sampling, logits.device), cache, row.inputs.num_tokens, kv_cache,
-                      first_token_s=0.0, logits=[] if self.keep_logits else None)
-        self._append_tokens([state], logits.unsqueeze(0), grammar)
+                      joined_s=joined_s, logits=[] if self.keep_logits else None)
+        state.slot = self._grammar_slot(batch, row)
+        try:
+            self._append_tokens([state], logits.unsqueeze(0), batch.grammar)
+        except Exception:
+            self._release(batch, state)              # its grammar row, which no one else would free
+            raise
         state.first_token_s = time.perf_counter()
         return state
 
-    def _decode(self, live: list[_Live], grammar, on_done, batch_size: int, started_s: float) -> None:
-        cache, mask = merge_caches([s.cache for s in live])
-        for state in live:
-            state.cache = None                        # the merged cache owns the tensors now
-        positions = torch.tensor([[s.num_prompt_tokens + len(s.tokens) - 1] for s in live], device=mask.device)
-        while live:
-            last = torch.tensor([[s.tokens[-1]] for s in live], device=mask.device)
-            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            with torch.inference_mode():
-                out = self.model(input_ids=last, attention_mask=mask, position_ids=positions, cache=cache,
-                                 use_cache=True, logits_to_keep=1)
-            self._append_tokens(live, out.logits[:, -1, :], grammar)
-            positions = positions + 1
-            keep = [i for i, s in enumerate(live) if not self._is_finished(s)]
-            for state in (s for i, s in enumerate(live) if i not in keep):
-                on_done(state.index, self._result(state, grammar, batch_size, started_s))
-            if len(keep) < len(live):
-                live, mask, positions = [live[i] for i in keep], mask[keep], positions[keep]
-                if live:
-                    cache.batch_select_indices(torch.tensor(keep, device=mask.device))
+    def _grammar_slot(self, batch: _Batch, row: Row) -> int:
+        """The row's line in the batch's GrammarBatch (made when the first constrained row arrives)."""
+        if batch.grammar is None:
+            if row.grammar is None or self.grammars is None:
+                return 0
+            from inference_worker.engines.hf.grammar import GrammarBatch
+            batch.grammar = GrammarBatch(self.grammars(), [])
+            for state in (*batch.live, *batch.joining):
+                state.slot = batch.grammar.add(None)
+        return batch.grammar.add(row.grammar if self.grammars is not None else None)
+
+    def _release(self, batch: _Batch, state: _Live) -> None:
+        """Free the row's grammar line (after its result has read the grammar's time)."""
+        state.grammar_s = batch.grammar.elapsed_s_for(state.slot) if batch.grammar is not None else 0.0
+        if batch.grammar is not None:
+            batch.grammar.release(state.slot)
 
     def _append_tokens(self, live: list[_Live], logits: torch.Tensor, grammar) -> None:
-        """Mask, sample and record one token for each live row from its logits (len(live), vocab)."""
+        """Mask and sample one token for each live row from its logits (len(live), vocab)."""
         logits = logits.float()
-        rows = [s.index for s in live]
         is_greedy = [s.sampler.is_greedy for s in live]
-        with torch.inference_mode():           # the grammar masks the forward's (inference) tensor in place
-            picked = grammar.apply(logits, rows, greedy=is_greedy) if grammar is not None else argmax_lines(logits)
+        if grammar is not None:
+            slots = [s.slot for s in live]
+            with torch.inference_mode():       # the grammar masks the forward's (inference) tensor in place
+                picked = grammar.apply(logits, slots, greedy=is_greedy)
+        else:
+            picked = argmax_lines(logits)
         tokens = [picked[i] if is_greedy[i] else s.sampler.sample(logits[i]) for i, s in enumerate(live)]
         if grammar is not None:
-            grammar.advance(rows, tokens)
+            grammar.advance(slots, tokens)
         for i, (state, token) in enumerate(zip(live, tokens)):
-            state.tokens.append(token)
-            if state.row.on_token is not None:
-                state.row.on_token(token)
-            if state.logits is not None:
-                state.logits.append(logits[i].clone())
+            self._append(state, token, logits[i])
+
+    def _append(self, state: _Live, token: int, logits: torch.Tensor) -> None:
+        """The one place a row's new token is recorded (a streaming callback belongs here)."""
+        state.tokens.append(token)
+        if state.row.on_token is not None:
+            state.row.on_token(token)
+        if state.logits is not None:
+            state.logits.append(logits.clone())
 
     def _is_finished(self, state: _Live) -> bool:
         return state.tokens[-1] in self.eos_token_ids or len(state.tokens) >= state.row.sampling.max_tokens
 
-    def _result(self, state: _Live, grammar, batch_size: int, started_s: float) -> RowResult:
+    def _result(self, state: _Live, batch: _Batch) -> RowResult:
         is_eos = state.tokens[-1] in self.eos_token_ids
-        return RowResult(state.tokens, is_eos, state.num_prompt_tokens, state.kv_cache, batch_size,
-                         ttft_s=state.first_token_s - started_s,
+        return RowResult(state.tokens, is_eos, state.num_prompt_tokens, state.kv_cache, state.max_live,
+                         ttft_s=state.first_token_s - state.joined_s,
                          decode_s=time.perf_counter() - state.first_token_s,
-                         grammar_s=grammar.elapsed_s_for(state.index) if grammar is not None else 0.0,
-                         is_constrained=state.row.schema is not None and grammar is not None,
+                         grammar_s=state.grammar_s,
+                         is_constrained=state.row.grammar is not None and batch.grammar is not None,
+                         mean_live_rows=state.live_sum / state.num_steps if state.num_steps else 1.0,
                          logits=state.logits)
-
-    def _grammar_batch(self, rows: list[tuple[int, Row]]):
-        schemas = [row.schema for _, row in rows]
-        if self.grammars is None or all(s is None for s in schemas):
-            return None
-        from inference_worker.engines.hf.grammar import GrammarBatch
-        by_index = {index: row.schema for index, row in rows}
-        return GrammarBatch(self.grammars(), [by_index.get(i) for i in range(max(by_index) + 1)])
 
     # ------------------------------------------------------------ prefill with frame reuse
 
-    def _prefill(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor, str]:
-        """This row's cache after its whole prompt, the logits for its first token, and what reuse happened."""
-        frame_cache = self.frame_cache
-        if inputs.frame is None or frame_cache is None or frame_cache.max_bytes == 0:
-            cache, logits = self._forward(inputs.all_ids(), self._new_cache(), inputs.vision, num_past=0,
-                                          inputs_embeds=inputs.inputs_embeds)
+    def _prefill(self, inputs: PromptInputs, found: Any = None) -> tuple[DynamicCache, torch.Tensor, str]:
+        """This row's cache after its whole prompt, the logits for its first token, and what reuse happened.
+        `found`: the row's FrameCache Lookup when it was made already (None: look it up here)."""
+        found = found if found is not None else self._lookup(inputs)
+        if found is None:
+            cache, logits = self._cold(inputs)
             return cache, logits, "off" if inputs.num_images else "none"
-        frame = inputs.frame
-        found = frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
         if found.value is None:
             cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs)
-            from inference_worker.engines.hf.frame_cache import tensor_nbytes
-            frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
-                            tensor_nbytes(prefix_cache))
+            self._keep_prefix(inputs, prefix_cache)
             return cache, logits, found.level
-        cache, logits = self._forward(inputs.suffix_ids, copy.deepcopy(found.value), {},
+        cache, logits = self._forward(copy.deepcopy(found.value), ids=inputs.suffix_ids,
                                       num_past=int(inputs.prefix_ids.shape[1]))
         return cache, logits, found.level
+
+    def _lookup(self, inputs: PromptInputs):
+        """The row's frame in the FrameCache (a Lookup), or None when reuse is off for it."""
+        frame_cache, frame = self.frame_cache, inputs.frame
+        if frame is None or frame_cache is None or frame_cache.max_bytes == 0:
+            return None
+        return frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
+
+    def _keep_prefix(self, inputs: PromptInputs, prefix_cache: DynamicCache) -> None:
+        from inference_worker.engines.hf.frame_cache import tensor_nbytes
+        frame = inputs.frame
+        self.frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
+                             tensor_nbytes(prefix_cache))
+
+    # ------------------------------------------------------------ cold joiners prefilled together
+
+    def _prefill_cold_together(self, rows: list[tuple[int, Row]]) -> dict[int, Any]:
+        """Prefill, in one forward per group, the cold rows (no frame hit) whose image tensors have one layout.
+        Returns {index: (the row's own cache, its first-token logits, its kv_cache level)} for those, and
+        {index: its frame Lookup} for the rest (hits, rows given as embeddings, lone rows), which `_start_row`
+        prefills alone; a group whose forward fails leaves its rows to be prefilled alone, each failing alone."""
+        if not self.can_prefill_together or len(rows) < 2:
+            return {}
+        groups: dict[tuple, list[tuple[int, Row, Any]]] = {}
+        prefilled: dict[int, Any] = {}
+        for index, row in rows:
+            inputs = row.inputs
+            prefilled[index] = found = self._lookup(inputs)
+            layout = _vision_layout(inputs)
+            if (found is not None and found.value is not None) or layout is None or inputs.prefix_embeds is not None:
+                continue
+            groups.setdefault(layout, []).append((index, row, found))
+        for group in (g for g in groups.values() if len(g) >= 2):
+            try:
+                prefilled.update(self._prefill_group(group))
+            except Exception:  # noqa: BLE001 - each row of the group is tried alone, and fails alone
+                log.debug("a batched prefill failed; its rows are prefilled one by one", exc_info=True)
+        return prefilled
+
+    def _prefill_group(self, group: list[tuple[int, Row, Any]]) -> dict[int, tuple[DynamicCache, torch.Tensor, str]]:
+        """One left-padded forward over the group's whole prompts (position_ids = cumsum(mask) - 1), split back
+        into one unpadded cache per row (and each frame's prefix kept)."""
+        prompts = [row.inputs.all_ids() for _, row, _ in group]
+        longest = max(p.shape[1] for p in prompts)
+        filler = int(prompts[0][0, -1])                  # any real token: masked out; never an image token
+        ids = prompts[0].new_full((len(prompts), longest), filler)
+        mask = torch.zeros_like(ids)
+        for i, prompt in enumerate(prompts):
+            ids[i, longest - prompt.shape[1]:] = prompt[0]
+            mask[i, longest - prompt.shape[1]:] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        vision = {key: torch.cat([row.inputs.vision[key] for _, row, _ in group])
+                  for key in group[0][1].inputs.vision}
+        cache = self._new_cache()
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             logits_to_keep=1, **vision)
+        results = {}
+        for i, (index, row, found) in enumerate(group):
+            start = longest - prompts[i].shape[1]
+            layers = [(layer.keys[i:i + 1, :, start:].clone(), layer.values[i:i + 1, :, start:].clone())
+                      for layer in cache.layers]
+            row_cache = DynamicCache(ddp_cache_data=layers)
+            if found is not None:
+                num_prefix = int(row.inputs.prefix_ids.shape[1])
+                self._keep_prefix(row.inputs, DynamicCache(ddp_cache_data=[
+                    (k[:, :, :num_prefix].clone(), v[:, :, :num_prefix].clone()) for k, v in layers]))
+            level = found.level if found is not None else ("off" if row.inputs.num_images else "none")
+            results[index] = (row_cache, out.logits[i, -1, :], level)
+        return results
+
+    def _cold(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor]:
+        if inputs.prefix_embeds is None:
+            return self._forward(self._new_cache(), ids=inputs.all_ids(), vision=inputs.vision, num_past=0)
+        cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0)
+        return self._forward(cache, ids=inputs.suffix_ids, num_past=int(inputs.prefix_ids.shape[1]))
 
     def _prefill_and_keep_prefix(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor, DynamicCache]:
         """A cold prefill that also yields the frame prefix's cache to keep. Plain attention caches are prefilled
         whole and the prefix copied out (one forward: the cold path itself); other caches (recurrent state
         cannot be cut) prefill the prefix, keep a copy, then the suffix."""
         num_prefix = int(inputs.prefix_ids.shape[1])
-        if self.can_merge:
-            cache, logits = self._forward(inputs.all_ids(), self._new_cache(), inputs.vision, num_past=0)
+        if _is_plain_attention(self._new_cache()) and inputs.prefix_embeds is None:
+            cache, logits = self._cold(inputs)
             prefix = [(layer.keys[:, :, :num_prefix], layer.values[:, :, :num_prefix]) for layer in cache.layers]
             return cache, logits, DynamicCache(ddp_cache_data=prefix)      # a copy: the cache concatenates
-        prefix_cache, _ = self._forward(inputs.prefix_ids, self._new_cache(), inputs.vision, num_past=0)
-        cache, logits = self._forward(inputs.suffix_ids, copy.deepcopy(prefix_cache), {}, num_past=num_prefix)
+        if inputs.prefix_embeds is not None:
+            prefix_cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0)
+        else:
+            prefix_cache, _ = self._forward(self._new_cache(), ids=inputs.prefix_ids, vision=inputs.vision, num_past=0)
+        cache, logits = self._forward(copy.deepcopy(prefix_cache), ids=inputs.suffix_ids, num_past=num_prefix)
         return cache, logits, prefix_cache
 
     def _new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
-    def _forward(self, ids: torch.Tensor, cache: DynamicCache, vision: dict[str, torch.Tensor], *,
-                 num_past: int, inputs_embeds: torch.Tensor | None = None) -> tuple[DynamicCache, torch.Tensor]:
-        mask = torch.ones((1, num_past + ids.shape[1]), dtype=torch.long, device=ids.device)
-        prompt = {"input_ids": ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+    def _forward(self, cache: DynamicCache, *, num_past: int, ids: torch.Tensor | None = None,
+                 embeds: torch.Tensor | None = None, vision: dict[str, torch.Tensor] | None = None,
+                 ) -> tuple[DynamicCache, torch.Tensor]:
+        """One row's forward over `ids` (or `embeds`) after `num_past` cached tokens."""
+        length = ids.shape[1] if ids is not None else embeds.shape[1]
+        device = ids.device if ids is not None else embeds.device
+        mask = torch.ones((1, num_past + length), dtype=torch.long, device=device)
+        positions = torch.arange(num_past, num_past + length, device=device).unsqueeze(0)
+        tokens = {"input_ids": ids} if ids is not None else {"inputs_embeds": embeds}
         with torch.inference_mode():
-            out = self.model(**prompt, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1,
-                             **vision)
+            out = self.model(**tokens, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1,
+                             **self._positions(positions), **(vision or {}))
         return cache, out.logits[0, -1, :]
 
-
-def merge_caches(caches: Sequence[DynamicCache]) -> tuple[DynamicCache, torch.Tensor]:
-    """One cache for the batch, each row's keys/values left-padded to the longest, and the attention mask
-    (rows, length) that hides the padding."""
-    lengths = [c.get_seq_length() for c in caches]
-    longest = max(lengths)
-    layers = []
-    for layer_index in range(len(caches[0].layers)):
-        parts = [(c.layers[layer_index].keys, c.layers[layer_index].values) for c in caches]
-        layers.append((_left_pad_cat([k for k, _ in parts], longest), _left_pad_cat([v for _, v in parts], longest)))
-    device = layers[0][0].device
-    mask = torch.zeros((len(caches), longest), dtype=torch.long, device=device)
-    for row, length in enumerate(lengths):
-        mask[row, longest - length:] = 1
-    return DynamicCache(ddp_cache_data=layers), mask
+    def _positions(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """position_ids for the forward: explicit per row where positions are plain, else the model's own."""
+        return {"position_ids": positions} if self.plain_positions else {}
 
 
-def _left_pad_cat(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
-    """(1, heads, len_i, dim) tensors -> (rows, heads, length, dim), zeros on the left."""
-    first = tensors[0]
-    out = first.new_zeros((len(tensors), first.shape[1], length, first.shape[3]))
-    for row, tensor in enumerate(tensors):
-        out[row, :, length - tensor.shape[2]:] = tensor[0]
-    return out
+def _finish(on_done: OnRowDone, index: int, outcome: "RowResult | Exception") -> None:
+    """Hand a row's outcome over; a callback that raises makes that exception the row's outcome, once."""
+    try:
+        on_done(index, outcome)
+    except Exception as exc:  # noqa: BLE001 - a failing callback fails its own row only
+        log.warning("the completion callback of row %d failed: %s", index, exc)
+        if isinstance(outcome, Exception):
+            return
+        try:
+            on_done(index, exc)
+        except Exception:  # noqa: BLE001
+            log.warning("the completion callback of row %d failed again", index, exc_info=True)
+
+
+def _vision_layout(inputs: PromptInputs) -> tuple | None:
+    """What rows must share to stack their image tensors along the batch (names, shapes, dtypes); None when a
+    value is not a batch-of-one tensor."""
+    layout = []
+    for key, value in sorted(inputs.vision.items()):
+        if not torch.is_tensor(value) or value.ndim == 0 or value.shape[0] != 1:
+            return None
+        layout.append((key, tuple(value.shape), value.dtype))
+    return tuple(layout)
+
+
+def _is_plain_attention(cache: DynamicCache) -> bool:
+    from transformers.cache_utils import DynamicLayer
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def can_merge_caches(model: Any) -> bool:
-    """Whether rows of this model can be decoded together: its KV cache is plain attention layers that left
-    padding can merge (no sliding window, no linear-attention state) and its positions are plain 1-D ones."""
-    probe = DynamicCache(config=model.config)
-    return has_plain_positions(model) and all(type(layer) is DynamicLayer for layer in probe.layers)
+    """Whether rows of this model can be decoded together: its cache layers are ones cache_ops merges (plain or
+    linear attention: no sliding window) and its positions are plain 1-D ones."""
+    return has_plain_positions(model) and cache_ops.can_merge_layers(DynamicCache(config=model.config))
 
 
 def has_plain_positions(model: Any) -> bool:
-    """False for M-RoPE models (Qwen2-VL style), whose positions depend on the image grid and which keep
-    position state between calls: neither a reused prefix nor explicit position ids are safe for them."""
-    text_config = model.config.get_text_config(decoder=True)
-    rope = getattr(text_config, "rope_scaling", None) or getattr(text_config, "rope_parameters", None) or {}
-    return not (isinstance(rope, dict) and ("mrope_section" in rope or rope.get("type") == "mrope"))
+    """False for M-RoPE models that compute positions from the image grid (Qwen2-VL style: `get_rope_index`) and
+    keep position state between calls (`rope_deltas`): neither a reused prefix nor explicit position ids are safe
+    for them. A text model with M-RoPE sections whose model passes plain positions (MiniCPM-V 4.6) is plain."""
+    inner = getattr(model, "model", model)
+    return not any(hasattr(obj, name) for obj in (model, inner) for name in ("get_rope_index", "rope_deltas"))

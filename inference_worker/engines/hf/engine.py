@@ -1,18 +1,21 @@
 """The vision-language model engine for families transformers supports natively (Idefics3, LLaVA,
-MiniCPM-V 4.6, …): chat template + processor (`prepare`, on a preprocessing thread), then batched decoding
-with frame KV reuse and JSON-schema-constrained output (`run_batch`, on the model thread; batch_decode.py).
+MiniCPM-V 4.6, …): chat template, processor, grammar compile and frame keys (`prepare`, on a preprocessing
+thread), then continuous batched decoding with frame KV reuse and JSON-schema-constrained output (`run_batch`, on
+the model thread; batch_decode.py), into which requests that arrive meanwhile join through `take_more`.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, run_one
+from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
 from inference_worker.engines.hf.batch_decode import (BatchDecoder, FrameKey, PromptInputs, Row, RowResult,
                                                    can_merge_caches, has_plain_positions)
-from inference_worker.engines.hf.loading import LoadedModel, LoadSpec, load_model
+from inference_worker.engines.hf.loading import LoadedModel
 from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import text_stream
@@ -22,6 +25,11 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
     from inference_worker.engines.hf.grammar import SchemaGrammars
+
+
+#: model_types whose processor outputs one batch row per prompt (pixel_values (1, ...)) that stack along the batch;
+#: MiniCPM-V packs every image's patches into one row (NaViT), so it is not here
+STACKABLE_IMAGE_FAMILIES = ("idefics3", "smolvlm", "llava")
 
 
 class TransformersEngine(Engine):
@@ -42,12 +50,13 @@ class TransformersEngine(Engine):
         self.eos_token_ids = eos_token_ids(model.generation_config, self.tokenizer)
         self.image_token_id = image_token_id(model.config, self.tokenizer, processor)
         self.grammars: SchemaGrammars | None = None
+        self._grammars_lock = threading.Lock()
         #: request text -> text the processor and tokenizer read as text only (see special_tokens.py)
         self.escape_text = escaper_for(self.tokenizer, processor)
         self.frame_cache = _frame_cache(kv_cache_bytes if has_plain_positions(model) else 0, kv_similar_threshold)
         self.decoder = BatchDecoder(model, eos_token_ids=self.eos_token_ids, frame_cache=self.frame_cache,
                                     grammars=self._schema_grammars, can_merge=can_merge_caches(model),
-                                    keep_logits=keep_logits)
+                                    can_prefill_together=can_prefill_together(model), keep_logits=keep_logits)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **options: Any) -> "TransformersEngine":
@@ -69,28 +78,46 @@ class TransformersEngine(Engine):
         batch.pop("attention_mask", None)
         split = prefix_length(ids[0].tolist(), self.image_token_id)
         inputs = PromptInputs(ids[:, :split], ids[:, split:], batch, num_images=len(rgb))
+        if request.json_schema is not None and self.use_grammar:
+            inputs.grammar = self._schema_grammars().matcher(request.json_schema)   # GrammarError: this row's 400
         if rgb and self.frame_cache is not None:
             inputs.frame = frame_key(self.model_name, inputs, rgb)
             inputs.frame.nearest = self.frame_cache.nearest(inputs.frame.group_key, inputs.frame.signature)
         return Prepared(request, images, inputs)
 
-    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone, take_more: TakeMoreItems | None = None) -> None:
+        """Decode `items` and, between steps, the items `take_more(num_live)` hands over; those are numbered
+        after `items`, in the order handed over. A row that cannot be moved to the device fails alone."""
         apply_num_threads(self.num_threads)
-        rows = [Row(self._on_device(item.inputs), item.request.sampling,
-                    item.request.json_schema if self.use_grammar else None,
-                    on_token=text_stream(self.tokenizer, self.eos_token_ids, item.on_text)) for item in items]
-        self.decoder.run(rows, lambda index, result: on_done(
-            index, result if isinstance(result, Exception) else self._completion(result)))
+        numbers = itertools.count()
+
+        def rows_of(batch: Sequence[Prepared]) -> list[tuple[int, Row]]:
+            rows = []
+            for item in batch:
+                index = next(numbers)
+                try:
+                    rows.append((index, self.decoder_row(item)))
+                except Exception as exc:  # noqa: BLE001 - that request's answer
+                    on_done(index, exc)
+            return rows
+
+        def done(index: int, result: RowResult | Exception) -> None:
+            on_done(index, result if isinstance(result, Exception) else self._completion(result))
+
+        first = rows_of(items)
+        more = None if take_more is None else (lambda num_live: rows_of(take_more(num_live)))
+        self.decoder.run_indexed(first, done, more)
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
         return run_one(self, self.prepare(request, images))
 
     def stats(self) -> EngineStats:
-        cache = self.frame_cache
-        if cache is None:
-            return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls)
-        return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls, kv_bytes=cache.num_bytes,
-                           kv_entries=cache.num_entries, kv_evictions=cache.num_evictions)
+        cache, decoder = self.frame_cache, self.decoder
+        decoding = {} if decoder is None else dict(live_rows=decoder.live_rows, num_decode_steps=decoder.num_steps,
+                                                   num_row_steps=decoder.num_row_steps)
+        kv = {} if cache is None else dict(kv_bytes=cache.num_bytes, kv_entries=cache.num_entries,
+                                           kv_evictions=cache.num_evictions)
+        return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls, **decoding, **kv)
 
     def after_call(self) -> None:
         self.num_cuda_empty_cache_calls += release_cuda_cache()
@@ -104,6 +131,13 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------ helpers
 
+    def decoder_row(self, item: Prepared) -> Row:
+        """The decoder's row for one attempt: inputs on the device and a fresh copy of the compiled grammar."""
+        inputs = self._on_device(item.inputs)
+        grammar = inputs.grammar.deep_copy() if inputs.grammar is not None and self.use_grammar else None
+        return Row(inputs, item.request.sampling, grammar, item.cancelled,
+                   on_token=text_stream(self.tokenizer, self.eos_token_ids, item.on_text))
+
     def _on_device(self, inputs: PromptInputs) -> PromptInputs:
         vision = {}
         for key, value in inputs.vision.items():
@@ -112,14 +146,15 @@ class TransformersEngine(Engine):
                     value = value.to(self.model.dtype)
                 value = value.to(self.device)
             vision[key] = value
+        embeds = None if inputs.prefix_embeds is None else inputs.prefix_embeds.to(self.device, self.model.dtype)
         return PromptInputs(inputs.prefix_ids.to(self.device), inputs.suffix_ids.to(self.device), vision,
-                            inputs.num_images, inputs.frame)
+                            inputs.num_images, inputs.frame, embeds, inputs.grammar)
 
     def _completion(self, result: RowResult) -> Completion:
         token_ids, is_eos = trim_at_eos(result.token_ids, self.eos_token_ids)
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         extra: dict[str, Any] = {"constrained": result.is_constrained, "kv_cache": result.kv_cache,
-                                 "batch_size": result.batch_size,
+                                 "batch_size": result.batch_size, "mean_live_rows": round(result.mean_live_rows, 2),
                                  "timing": {"ttft_ms": round(result.ttft_s * 1000, 3),
                                             "decode_ms": round(result.decode_s * 1000, 3)}}
         if result.is_constrained:
@@ -128,11 +163,24 @@ class TransformersEngine(Engine):
                           completion_tokens=len(token_ids), extra=extra)
 
     def _schema_grammars(self) -> "SchemaGrammars":
-        if self.grammars is None:
-            from inference_worker.engines.hf.grammar import SchemaGrammars
-            vocab_size = self.model.get_output_embeddings().weight.shape[0]
-            self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
-        return self.grammars
+        """The tokenizer's grammar compiler, made on first use (by a preprocessing thread: hence the lock)."""
+        with self._grammars_lock:
+            if self.grammars is None:
+                from inference_worker.engines.hf.grammar import SchemaGrammars
+                vocab_size = self.model.get_output_embeddings().weight.shape[0]
+                self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size,
+                                               eos_token_ids=self.eos_token_ids)
+            return self.grammars
+
+
+def can_prefill_together(model: Any) -> bool:
+    """Whether cold rows of this model may be prefilled in one left-padded forward: plain attention layers, and a
+    family whose image tensors (pixel_values, pixel_attention_mask) stack along the batch dimension."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+    return plain and model.config.model_type in STACKABLE_IMAGE_FAMILIES
 
 
 def image_token_id(config: Any, tokenizer: Any, processor: Any) -> int | None:
@@ -205,18 +253,21 @@ def release_cuda_cache() -> int:
     return 1
 
 
+def make_engine(loaded: LoadedModel, options) -> "TransformersEngine":
+    """FAMILIES' engine factory for the families transformers supports natively."""
+    return TransformersEngine.from_loaded(loaded, use_grammar=options.use_grammar, num_threads=options.num_threads,
+                                          kv_cache_bytes=options.kv_cache_bytes,
+                                          kv_similar_threshold=options.kv_similar_threshold)
+
+
 def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "auto", use_grammar: bool = True,
                              num_threads: int | None = None, progress: bool = True, kv_cache_bytes: int = 0,
                              kv_similar_threshold: float | None = None) -> Engine:
-    """Load `model` (folder or Hub id) and wrap it in the engine for its family.
+    """Load `model` (folder or Hub id) and wrap it in the engine its family gets (engines/__init__.py FAMILIES).
 
     Raises ModelLoadError with a user-facing message for anything the user can fix.
     """
-    apply_num_threads(num_threads)
-    loaded = load_model(LoadSpec(model, device, dtype), progress=progress)
-    if loaded.family == "minicpmo":
-        from inference_worker.engines.hf.minicpmo import MiniCPMOEngine
-        return MiniCPMOEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads,
-                                          vision_cache_bytes=kv_cache_bytes)   # its exact level: vision features
-    return TransformersEngine.from_loaded(loaded, use_grammar=use_grammar, num_threads=num_threads,
-                                          kv_cache_bytes=kv_cache_bytes, kv_similar_threshold=kv_similar_threshold)
+    from inference_worker.engines import EngineOptions, load_hf_engine
+    return load_hf_engine(model, EngineOptions(device=device, dtype=dtype, use_grammar=use_grammar,
+                                               num_threads=num_threads, kv_cache_bytes=kv_cache_bytes,
+                                               kv_similar_threshold=kv_similar_threshold), progress=progress)

@@ -54,6 +54,8 @@ ENTRY_OVERHEAD_BYTES = 24 * 1024
 #: pages back to the OS
 RELEASE_SHARE = 1 / 16
 MIN_RELEASE_BYTES = 4 * 1024 * 1024
+#: `lookup`'s default `nearest`: no search was done while preparing, so the lookup searches itself
+NOT_SEARCHED = "not searched"
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,16 +240,17 @@ class FrameCache:
         return len(self._entries)
 
     def lookup(self, exact_key: bytes, group_key: bytes, signature: FrameSignature | None,
-               nearest: tuple[bytes, float] | None = None) -> Lookup:
+               nearest: Any = NOT_SEARCHED) -> Lookup:
         """The entry for `exact_key`, else (similar level on) the closest frame of `group_key` within the
         threshold, else a miss. A hit becomes the most recently used entry. `nearest` is `self.nearest(...)`
-        computed earlier off the model thread: it is used, if still kept, instead of searching here."""
+        computed earlier off the model thread — a (key, distance) found, or None: searched, nothing close — and is
+        then trusted (an entry evicted since is a miss); only NOT_SEARCHED makes the lookup search here."""
         with self._lock:
-            if nearest is not None and nearest[0] not in self._entries:
+            if nearest is NOT_SEARCHED:
+                nearest = self._closest(self._candidates(group_key, signature), signature)
+            elif nearest is not None and nearest[0] not in self._entries:
                 nearest = None
             found = (exact_key, 0.0) if exact_key in self._entries else nearest
-            if found is None and nearest is None:
-                found = self._closest(self._candidates(group_key, signature), signature)
             if found is None:
                 self.num_misses += 1
                 return Lookup(None, "miss")

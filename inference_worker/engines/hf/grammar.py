@@ -79,21 +79,26 @@ class SchemaGrammars:
         self.eos_only_words = pack_token_ids(self.vocab_size, self.eos_token_ids[:1], allowed=True)
         self.max_cached_schemas = max_cached_schemas
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self.num_compiled = 0   # how many schemas were compiled (cache misses)
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
 
     def matcher(self, schema: dict[str, Any]) -> llguidance.LLMatcher:
-        """A fresh matcher for `schema`, from the cache when this schema was seen before."""
+        """A fresh matcher for `schema`, from the cache when this schema was seen before. Thread safe (the
+        preprocessing threads compile while the model thread decodes); raises GrammarError for a schema
+        llguidance refuses."""
         key = json.dumps(schema, sort_keys=True)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = self._compile(schema)
+        with self._cache_lock:
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                self._compiled.move_to_end(key)
+                return compiled.deep_copy()
+        compiled = self._compile(schema)                   # outside the lock: a slow schema delays no one else
+        with self._cache_lock:
             self._compiled[key] = compiled
             if len(self._compiled) > self.max_cached_schemas:
                 self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(key)
         return compiled.deep_copy()
 
     def batch(self, schemas: Sequence[dict[str, Any] | None], *, prefetch: bool = False) -> "GrammarBatch":
@@ -129,7 +134,8 @@ class SchemaGrammars:
         if matcher.is_error():
             raise GrammarError(f"response_format: this JSON schema cannot be used for constrained output: "
                                f"{matcher.get_error()}")
-        self.num_compiled += 1
+        with self._cache_lock:
+            self.num_compiled += 1
         return matcher
 
 
@@ -147,19 +153,50 @@ class GrammarBatch:
     def __init__(self, grammars: SchemaGrammars, schemas: Sequence[dict[str, Any] | None], *,
                  prefetch: bool = False):
         self.grammars = grammars
-        self.matchers = [None if s is None else grammars.matcher(s) for s in schemas]
+        self.matchers: list[llguidance.LLMatcher | None] = []
         self.prefetch = prefetch
-        self.is_constrained = [m is not None for m in self.matchers]
+        self.is_constrained: list[bool] = []
         #: per row, the tokens it may sample, packed: the matcher's mask AND grammars.allowed_words;
         #: all ones for an unconstrained row
-        self._allowed = np.full((len(self.matchers), grammars.num_words), -1, dtype=np.int32)
-        self._is_fresh = [not c for c in self.is_constrained]   # is _allowed[row] the row's current mask?
+        self._allowed = np.full((0, grammars.num_words), -1, dtype=np.int32)
+        self._is_fresh: list[bool] = []          # is _allowed[row] the row's current mask?
         self._pending: Future | None = None
-        self._row_elapsed_s = [0.0] * len(self.matchers)
+        self._row_elapsed_s: list[float] = []
+        self._free_rows: list[int] = []          # rows released, to be reused by `add`
         self.elapsed_s = 0.0
         self.num_steps = 0
         self.num_prefetched = 0      # masks computed on the prefetch thread
         self.errors: list[str] = []
+        for schema in schemas:
+            self.add(None if schema is None else grammars.matcher(schema))
+
+    def add(self, matcher: llguidance.LLMatcher | None) -> int:
+        """A row for a request joining the decode (None: unconstrained); returns its row number. Rows freed by
+        `release` are reused, so a decode that never stops holds only as many rows as it ever had live."""
+        self._wait()                             # a prefetch writes into _allowed, which may be reallocated here
+        if self._free_rows:
+            row = self._free_rows.pop()
+        else:
+            row = len(self.matchers)
+            self.matchers.append(None)
+            self.is_constrained.append(False)
+            self._is_fresh.append(True)
+            self._row_elapsed_s.append(0.0)
+            self._allowed = np.concatenate([self._allowed, np.full((1, self.grammars.num_words), -1, np.int32)])
+        self.matchers[row] = matcher
+        self.is_constrained[row] = matcher is not None
+        self._is_fresh[row] = matcher is None
+        self._allowed[row] = -1
+        self._row_elapsed_s[row] = 0.0
+        return row
+
+    def release(self, row: int) -> None:
+        """The row left the decode: forget its matcher; `add` may reuse the row."""
+        self._wait()
+        self.matchers[row] = None
+        self.is_constrained[row] = False
+        self._is_fresh[row] = True
+        self._free_rows.append(row)
 
     def __len__(self) -> int:
         return len(self.matchers)

@@ -2,7 +2,8 @@
 
 Every way loading can fail that a user can fix (a missing or incomplete folder, a Hub id while offline,
 too little GPU memory) becomes a `ModelLoadError` whose message says what is wrong and what to do.
-`load_model` returns a `LoadedModel`; the engines (engine, minicpmo) wrap it.
+`load_model` returns a `LoadedModel`; which parts loader runs is the caller's FAMILIES entry (engines/__init__.py),
+so this module imports no engine.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class LoadSpec:
     model: str                 # a local folder or a Hugging Face Hub id
     device: str = "auto"       # auto | cuda | cpu
     dtype: str = "auto"        # auto | bf16 | fp16 | fp32
+    kv_cache_bytes: int = 0    # the frame KV budget the engine will fill: counted in the VRAM check
 
     def __post_init__(self):
         if not self.model or not self.model.strip():
@@ -60,13 +62,15 @@ class LoadSpec:
             raise ModelLoadError(f"device must be one of {', '.join(DEVICES)}; got {self.device!r}.")
         if self.dtype not in DTYPES:
             raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}.")
+        if self.kv_cache_bytes < 0:
+            raise ModelLoadError(f"kv_cache_bytes must be >= 0 (0 = no frame KV); got {self.kv_cache_bytes}.")
 
 
 @dataclass
 class LoadedModel:
     model: Any                 # the torch module
     processor: Any             # AutoProcessor (transformers families) or the tokenizer (MiniCPM-o)
-    family: str                # "transformers" | "minicpmo"
+    family: str                # the FAMILIES entry's name: "transformers" | "minicpmv4_6" | "minicpmo"
     path: Path
     name: str                  # what the user asked for (folder or Hub id)
     device: Any                # torch.device
@@ -212,8 +216,9 @@ def _safetensors_header(file: Path) -> dict[str, Any]:
         return json.loads(fh.read(length))
 
 
-def required_vram_bytes(weight_bytes: int) -> int:
-    return weight_bytes + max(MIN_VRAM_HEADROOM_BYTES, int(weight_bytes * VRAM_HEADROOM_FRACTION))
+def required_vram_bytes(weight_bytes: int, kv_cache_bytes: int = 0) -> int:
+    """Weights, working memory (activations, CUDA context) and the frame KV budget the engine may fill."""
+    return weight_bytes + max(MIN_VRAM_HEADROOM_BYTES, int(weight_bytes * VRAM_HEADROOM_FRACTION)) + kv_cache_bytes
 
 
 def model_for_vram(free_bytes: int) -> tuple[str, str] | None:
@@ -224,10 +229,17 @@ def model_for_vram(free_bytes: int) -> tuple[str, str] | None:
     return None
 
 
-def check_fits_vram(model: str, *, required_bytes: int, free_bytes: int, total_bytes: int) -> None:
+def check_fits_vram(model: str, *, required_bytes: int, free_bytes: int, total_bytes: int,
+                    kv_cache_bytes: int = 0) -> None:
     """Raise ModelLoadError when the model needs more GPU memory than is free, naming one that fits."""
     if required_bytes <= free_bytes:
         return
+    if kv_cache_bytes and required_bytes - kv_cache_bytes <= free_bytes:
+        raise ModelLoadError(
+            f"Not enough GPU memory for {model} with its frame KV budget: the model needs about "
+            f"{(required_bytes - kv_cache_bytes) / GB:.1f} GB and the KV budget {kv_cache_bytes / GB:.1f} GB more, but "
+            f"the GPU has {free_bytes / GB:.1f} GB free of {total_bytes / GB:.1f} GB. To fix it, lower the KV budget "
+            f"(--kv-cache-mb), or turn frame reuse off (--no-kv-reuse).")
     suggestion = model_for_vram(free_bytes)
     if suggestion and suggestion[0] != model:
         fix = f"use {suggestion[0]} ({suggestion[1]}), or run on the CPU with --device cpu"
@@ -275,35 +287,33 @@ def attention_implementation(device) -> str:
 
 # ---------------------------------------------------------------- loading
 
-def load_model(spec: LoadSpec, *, progress: bool = True) -> LoadedModel:
-    """Resolve, check and load `spec.model`; every user-fixable failure is a ModelLoadError."""
+def load_model(spec: LoadSpec, family_for: Callable[[dict[str, Any]], Any], *, progress: bool = True,
+               resolve: Callable[[str], Callable]) -> LoadedModel:
+    """Resolve, check and load `spec.model` with the parts loader of `family_for(config.json)` (a FAMILIES entry:
+    `.name`, `.load_parts` resolved by `resolve`); every user-fixable failure is a ModelLoadError."""
     path = resolve_model_path(spec.model, progress=progress)
     config = check_model_folder(path)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
-    family = "minicpmo" if is_minicpmo(config) else "transformers"
+    family = family_for(config)
     if device.type == "cuda":
-        _check_vram(spec.model, path, device, dtype, family)
+        _check_vram(spec, path, device, dtype, family.name)
     attn = attention_implementation(device)
-    if family == "minicpmo":
-        from inference_worker.engines.hf.minicpmo import load_minicpmo_parts
-        load_parts = load_minicpmo_parts
-    else:
-        load_parts = load_transformers_parts
+    load_parts = resolve(family.load_parts)
     with _StepBar(f"Loading {spec.model}", ["processor", "weights", f"to {device}"], enabled=progress) as bar:
         model, processor = _call_loader(load_parts, path, dtype=dtype, attn=attn, device=device, step=bar.step)
-    return LoadedModel(model, processor, family, path, spec.model, device, dtype, attn)
+    return LoadedModel(model, processor, family.name, path, spec.model, device, dtype, attn)
 
 
-def _check_vram(model: str, path: Path, device, dtype, family: str) -> None:
+def _check_vram(spec: LoadSpec, path: Path, device, dtype, family: str) -> None:
     import torch
 
     skip = MINICPMO_UNLOADED_PREFIXES if family == "minicpmo" else ()
     weight_bytes = checkpoint_weight_bytes(path, itemsize=torch.empty((), dtype=dtype).element_size(),
                                            skip_prefixes=skip)
     free_bytes, total_bytes = torch.cuda.mem_get_info(device)
-    check_fits_vram(model, required_bytes=required_vram_bytes(weight_bytes), free_bytes=free_bytes,
-                    total_bytes=total_bytes)
+    check_fits_vram(spec.model, required_bytes=required_vram_bytes(weight_bytes, spec.kv_cache_bytes),
+                    free_bytes=free_bytes, total_bytes=total_bytes, kv_cache_bytes=spec.kv_cache_bytes)
 
 
 def _call_loader(load_parts: Callable, path: Path, *, dtype, attn: str, device, step: Callable[[], None]):
@@ -326,10 +336,19 @@ def _call_loader(load_parts: Callable, path: Path, *, dtype, attn: str, device, 
 def load_transformers_parts(path: Path, *, dtype, attn_implementation: str, device,
                             step: Callable[[], None]):
     """AutoProcessor + AutoModelForImageTextToText: the families transformers supports natively."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(path)
     step()
+    return load_model_weights(path, processor, dtype=dtype, attn_implementation=attn_implementation, device=device,
+                              step=step)
+
+
+def load_model_weights(path: Path, processor: Any, *, dtype, attn_implementation: str, device,
+                       step: Callable[[], None]):
+    """AutoModelForImageTextToText from `path` onto `device` (two steps); returns (model, processor)."""
+    from transformers import AutoModelForImageTextToText
+
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=dtype, attn_implementation=attn_implementation,
         device_map=str(device) if device.type == "cuda" else None)   # straight onto the GPU

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import logging
 import sys
+import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +46,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
-from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, run_one
+from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
 from inference_worker.engines.hf.batch_decode import BatchDecoder, PromptInputs, Row, RowResult, can_merge_caches
 from inference_worker.engines.hf.engine import apply_num_threads, release_cuda_cache
 from inference_worker.engines.hf.frame_cache import FrameCache, content_key, tensor_nbytes
 from inference_worker.engines.hf.sampling import finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
+from inference_worker.engines.hf.text_stream import text_stream
 from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message, ProtocolError
 
 if TYPE_CHECKING:
@@ -195,6 +198,7 @@ class MiniCPMOInputs:
     image_bound: torch.Tensor        # (num_slices, 2): [start, end) of each slice's <unk> run
     num_images: int
     vision_key: bytes | None         # FrameCache key of the preprocessed pixels; None without images or cache
+    grammar: Any = None              # the request's compiled grammar (made while preparing); each attempt copies it
 
 
 class MiniCPMOEngine(Engine):
@@ -214,6 +218,7 @@ class MiniCPMOEngine(Engine):
         self.num_threads = num_threads
         self.eos_token_ids = terminator_ids(model, self.tokenizer)
         self.grammars: SchemaGrammars | None = None
+        self._grammars_lock = threading.Lock()
         #: request text -> text that cannot spell `<image>./</image>`, `<|im_start|>`... (see special_tokens.py)
         self.escape_text = escaper_for(self.tokenizer, processor)
         #: vision_hidden_states per set of preprocessed images (exact level only; 0 bytes = off)
@@ -248,37 +253,57 @@ class MiniCPMOEngine(Engine):
                                 num_images=len(rgb), vision_key=None)
         if rgb and self.frame_cache.is_enabled:
             inputs.vision_key = content_key(self.model_name, inputs.pixel_values, inputs.tgt_sizes)
+        if request.json_schema is not None and self.use_grammar:
+            inputs.grammar = self._schema_grammars().matcher(request.json_schema)   # GrammarError: this row's 400
         return Prepared(request, images, inputs)
 
-    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
-        """Embed every row (one vision-encoder call for the frames not cached), then decode them together."""
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone, take_more: TakeMoreItems | None = None) -> None:
+        """Embed every row (one vision-encoder call for the frames not cached), then decode them together; rows
+        `take_more(num_live)` hands over between steps are embedded and join, numbered after `items`."""
         apply_num_threads(self.num_threads)
-        cached = [self._cached_features(item.inputs) for item in items]
-        encoded = self._encode_together([item.inputs for item in items], cached)
-        rows: list[Row] = []
-        owners: list[tuple[int, str]] = []           # per decoder row: (index in `items`, vision reuse level)
-        for index, item in enumerate(items):
-            try:
-                embeds, reuse = self._embed(item.inputs, cached[index], encoded.get(index))
-            except Exception as exc:  # noqa: BLE001 - a row the model cannot embed fails alone
-                _answer(on_done, index, exc)
-                continue
-            ids = item.inputs.input_ids.to(self.device)
-            prompt = PromptInputs(ids[:, :0], ids, {}, num_images=item.inputs.num_images, inputs_embeds=embeds)
-            rows.append(Row(prompt, item.request.sampling,
-                            item.request.json_schema if self.use_grammar else None))
-            owners.append((index, reuse))
-        if rows:
-            self.decoder.run(rows, lambda row, result: on_done(owners[row][0], result if isinstance(
-                result, Exception) else self._completion(result, owners[row][1])))
+        numbers = itertools.count()
+        reuse: dict[int, str] = {}                   # per row index: how its vision features were had
+
+        def rows_of(batch: Sequence[Prepared]) -> list[tuple[int, Row]]:
+            indices = [next(numbers) for _ in batch]
+            cached = [self._cached_features(item.inputs) for item in batch]
+            encoded = self._encode_together([item.inputs for item in batch], cached)
+            rows = []
+            for position, (index, item) in enumerate(zip(indices, batch)):
+                try:
+                    embeds, reuse[index] = self._embed(item.inputs, cached[position], encoded.get(position))
+                except Exception as exc:  # noqa: BLE001 - a row the model cannot embed fails alone
+                    _answer(on_done, index, exc)
+                    continue
+                rows.append((index, self._decoder_row(item, embeds)))
+            return rows
+
+        def done(index: int, result: RowResult | Exception) -> None:
+            on_done(index, result if isinstance(result, Exception) else self._completion(result, reuse[index]))
+
+        first = rows_of(items)
+        more = None if take_more is None else (lambda num_live: rows_of(take_more(num_live)))
+        self.decoder.run_indexed(first, done, more)
+
+    def _decoder_row(self, item: Prepared, embeds: torch.Tensor) -> Row:
+        """The decoder's row: the prompt but its last token as embeddings (images merged in), the last token as
+        the id the decoder feeds on, a fresh copy of the compiled grammar, the client's cancel event and stream."""
+        ids = item.inputs.input_ids.to(self.device)
+        prompt = PromptInputs(ids[:, :-1], ids[:, -1:], {}, num_images=item.inputs.num_images,
+                              prefix_embeds=embeds[:, :-1])
+        grammar = item.inputs.grammar.deep_copy() if item.inputs.grammar is not None and self.use_grammar else None
+        return Row(prompt, item.request.sampling, grammar, item.cancelled,
+                   on_token=text_stream(self.tokenizer, self.eos_token_ids, item.on_text))
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
         return run_one(self, self.prepare(request, images))
 
     def stats(self) -> EngineStats:
-        cache = self.frame_cache
+        cache, decoder = self.frame_cache, self.decoder
+        decoding = {} if decoder is None else dict(live_rows=decoder.live_rows, num_decode_steps=decoder.num_steps,
+                                                   num_row_steps=decoder.num_row_steps)
         return EngineStats(num_cuda_empty_cache_calls=self.num_cuda_empty_cache_calls, kv_bytes=cache.num_bytes,
-                           kv_entries=cache.num_entries, kv_evictions=cache.num_evictions)
+                           kv_entries=cache.num_entries, kv_evictions=cache.num_evictions, **decoding)
 
     def after_call(self) -> None:
         self.num_cuda_empty_cache_calls += release_cuda_cache()
@@ -351,11 +376,14 @@ class MiniCPMOEngine(Engine):
                           completion_tokens=len(token_ids), extra=extra)
 
     def _schema_grammars(self) -> "SchemaGrammars":
-        if self.grammars is None:
-            from inference_worker.engines.hf.grammar import SchemaGrammars
-            vocab_size = self.model.llm.get_output_embeddings().weight.shape[0]
-            self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size, eos_token_ids=self.eos_token_ids)
-        return self.grammars
+        """The tokenizer's grammar compiler, made on first use (by a preprocessing thread: hence the lock)."""
+        with self._grammars_lock:
+            if self.grammars is None:
+                from inference_worker.engines.hf.grammar import SchemaGrammars
+                vocab_size = self.model.llm.get_output_embeddings().weight.shape[0]
+                self.grammars = SchemaGrammars(self.tokenizer, vocab_size=vocab_size,
+                                               eos_token_ids=self.eos_token_ids)
+            return self.grammars
 
 
 def _answer(on_done: OnDone, index: int, answer: "Completion | Exception") -> None:
@@ -364,6 +392,12 @@ def _answer(on_done: OnDone, index: int, answer: "Completion | Exception") -> No
         on_done(index, answer)
     except Exception:  # noqa: BLE001
         log.exception("the completion callback of batch row %d failed; the other rows go on", index)
+
+
+def make_engine(loaded: "LoadedModel", options) -> MiniCPMOEngine:
+    """FAMILIES' engine factory; the frame budget holds vision features (this engine's exact level)."""
+    return MiniCPMOEngine.from_loaded(loaded, use_grammar=options.use_grammar, num_threads=options.num_threads,
+                                      vision_cache_bytes=options.kv_cache_bytes)
 
 
 def chat_messages(messages: tuple[Message, ...],

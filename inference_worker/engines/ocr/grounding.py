@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Sequence
 
-from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, run_one
+from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
 from inference_worker.engines.ocr.reader import OcrLine, OcrReader
 from inference_worker.protocol import ChatRequest, Completion, Message
 from inference_worker.engines.ocr.concepts import bounded, clean
@@ -95,18 +95,27 @@ class OcrGroundedEngine(Engine):
         facts = {"num_lines": len(lines), "num_chars": len(text)}
         return Prepared(request, images, (self.inner.prepare(ground_request(request, text), images), facts))
 
-    def run_batch(self, items: Sequence[Prepared], on_done: OnDone) -> None:
-        """The inner engine answers the grounded requests, with each attempt's sampling (retries change it)."""
-        inner_items = [dataclasses.replace(inner, request=dataclasses.replace(inner.request,
-                                                                              sampling=item.request.sampling),
-                                           cancelled=item.cancelled)
-                       for item in items for inner, _ in [item.inputs]]
+    def run_batch(self, items: Sequence[Prepared], on_done: OnDone, take_more: TakeMoreItems | None = None) -> None:
+        """The inner engine answers the grounded requests, with each attempt's sampling (retries change it);
+        requests that join its running decode (`take_more`) are grounded the same way."""
+        handed = list(items)
+
+        def inner_items(batch: Sequence[Prepared]) -> list[Prepared]:
+            return [dataclasses.replace(inner, request=dataclasses.replace(inner.request,
+                                                                           sampling=item.request.sampling),
+                                        cancelled=item.cancelled)
+                    for item in batch for inner, _ in [item.inputs]]
+
+        def more(num_live: int) -> list[Prepared]:
+            joined = list(take_more(num_live))
+            handed.extend(joined)
+            return inner_items(joined)
 
         def done(index: int, outcome) -> None:
             if isinstance(outcome, Completion):
-                outcome.extra = {**outcome.extra, "ocr_grounding": items[index].inputs[1]}
+                outcome.extra = {**outcome.extra, "ocr_grounding": handed[index].inputs[1]}
             on_done(index, outcome)
-        self.inner.run_batch(inner_items, done)
+        self.inner.run_batch(inner_items(items), done, None if take_more is None else more)
 
     def after_call(self) -> None:
         self.inner.after_call()

@@ -1,0 +1,65 @@
+"""Batch-dimension cache operations on real caches of the tiny MiniCPM-V 4.6 text model (one linear-attention layer
+with conv and recurrent state, one full-attention layer): rows merge with left padding, leave (the linear layer's
+missing batch_select_indices included), and the padding nobody attends to any more is trimmed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, DynamicCache
+from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+
+from inference_worker.engines.hf import cache_ops
+
+LENGTHS = (5, 9, 3)
+
+
+@pytest.fixture(scope="module")
+def row_caches(tiny_minicpmv46_dir):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_minicpmv46_dir, dtype=torch.float32).eval()
+    caches = []
+    for length in LENGTHS:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.arange(10, 10 + length).unsqueeze(0), cache=cache, use_cache=True)
+        caches.append(cache)
+    return caches
+
+
+def layers_of(cache):
+    attention = next(layer for layer in cache.layers if type(layer) is DynamicLayer)
+    linear = next(layer for layer in cache.layers if type(layer) is LinearAttentionLayer)
+    return attention, linear
+
+
+def test_rows_merge_left_padded_and_their_linear_states_stack(row_caches):
+    assert all(cache_ops.can_merge_layers(c) for c in row_caches)
+    merged, mask = cache_ops.merge(row_caches)
+    assert mask.tolist() == [[0] * (9 - n) + [1] * n for n in LENGTHS]
+    attention, linear = layers_of(merged)
+    for row, (cache, length) in enumerate(zip(row_caches, LENGTHS)):
+        alone_attention, alone_linear = layers_of(cache)
+        assert torch.equal(attention.keys[row, :, 9 - length:], alone_attention.keys[0])
+        assert not attention.keys[row, :, :9 - length].any()
+        assert torch.equal(linear.recurrent_states[0][row], alone_linear.recurrent_states[0][0])
+        assert torch.equal(linear.conv_states[0][row], alone_linear.conv_states[0][0])
+
+
+def test_rows_leave_and_the_unattended_padding_is_trimmed(row_caches):
+    merged, mask = cache_ops.merge(row_caches)
+    keep = torch.tensor([0, 2])                                  # the longest row (9 tokens) leaves
+    cache_ops.select_rows(merged, keep)
+    mask = cache_ops.trim_left(merged, mask[keep])
+    attention, linear = layers_of(merged)
+    assert mask.tolist() == [[1] * 5, [0, 0, 1, 1, 1]]            # 4 columns nobody attends to: gone
+    assert attention.keys.shape[:3] == (2, attention.keys.shape[1], 5)
+    assert torch.equal(linear.recurrent_states[0][1], layers_of(row_caches[2])[1].recurrent_states[0][0])
+
+
+def test_a_joiner_appends_to_a_running_batch_on_whichever_side_is_longer(row_caches):
+    running, mask = cache_ops.merge([row_caches[0], row_caches[2]])          # length 5
+    merged, mask = cache_ops.append(running, mask, [row_caches[1]])          # a 9-token joiner: the batch pads
+    assert mask.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1, 1], [0] * 6 + [1] * 3, [1] * 9]
+    attention, linear = layers_of(merged)
+    assert torch.equal(attention.keys[2], layers_of(row_caches[1])[0].keys[0])
+    assert linear.recurrent_states[0].shape[0] == 3
