@@ -27,7 +27,7 @@ from deskeye.overlay import Overlay
 from deskeye.privacy import check_privacy
 from deskeye.settings import Settings, default_settings_path, with_overrides
 from deskeye.tray import BUSY, IDLE, PAUSED, WORKER_DOWN, Tray, TrayActions, open_settings_file
-from inference_worker.protocol import DESCRIBE_QUESTION, Description
+from deskeye.prompt import DESCRIBE_QUESTION, Description
 
 log = logging.getLogger(__name__)
 

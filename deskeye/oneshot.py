@@ -15,7 +15,7 @@ from deskeye.client import Answer, WorkerClient, printable
 from deskeye.errors import UsageError
 from deskeye.settings import Settings, with_overrides
 from deskeye.supervisor import WorkerSupervisor
-from inference_worker.protocol import DESCRIBE_QUESTION
+from deskeye.prompt import DESCRIBE_QUESTION
 
 
 def cmd_describe(args, settings: Settings) -> int:

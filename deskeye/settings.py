@@ -16,7 +16,13 @@ from typing import Any, get_args, get_origin
 
 from deskeye.errors import SettingsError
 
-REPO_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+
+
+def package_rules_dir() -> Path:
+    """DeskEye's router data and default hooks, shipped inside the package (works from a built wheel)."""
+    from importlib.resources import files
+    return Path(str(files("deskeye") / "rules"))
+
 
 DEFAULT_EXCLUDED_TITLES = [
     "1Password", "Bitwarden", "KeePass", "KeePassXC", "LastPass", "Dashlane", "Keeper", "Enpass",
@@ -104,7 +110,7 @@ class MemorySettings:
 
 @dataclass
 class RouterSettings:
-    data_dir: str = ""                # "" = DeskEye's rules/ folder
+    data_dir: str = ""                # "" = the router data shipped with DeskEye (deskeye/rules/)
     min_confidence: float = 0.0       # below this a quick/deep verdict falls back to standard
 
     def __post_init__(self):
@@ -159,7 +165,7 @@ class Settings:
 
     @property
     def rules_dir(self) -> Path:
-        return Path(self.router.data_dir).expanduser() if self.router.data_dir else REPO_RULES_DIR
+        return Path(self.router.data_dir).expanduser() if self.router.data_dir else package_rules_dir()
 
     @property
     def excluded_titles(self) -> list[str]:

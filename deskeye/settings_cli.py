@@ -66,7 +66,7 @@ DESCRIPTIONS = {
     "worker.max_tokens": "Longest answer, in tokens (>= 16).",
     "worker.ground_with_ocr": "Also give the model the text OCR reads on the frame.",
     "memory.turns": "(question, answer) turns carried into the next prompt, 0-20.",
-    "router.data_dir": 'Folder with the router\'s training data; "" = DeskEye\'s rules/ folder.',
+    "router.data_dir": 'Folder with the router\'s training data; "" = the data shipped with DeskEye (deskeye/rules/).',
     "router.min_confidence": "Below this confidence a quick or deep verdict falls back to standard.",
     "providers.calendar_ics": 'An .ics file for "next meeting" and "am I free at 4pm"; "" = none.',
     "providers.imap_host": 'IMAP server for "any new mail?"; "" = none.',
