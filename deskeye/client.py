@@ -45,8 +45,16 @@ class WorkerClient:
         self._model_ids: dict[Endpoint, str] = {}
 
     def ask(self, question: str, image_png: bytes | None, memory: list[Turn] = (), *,
-            max_tokens: int | None = None, context: str | None = None) -> Answer:
-        """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use)."""
+            max_tokens: int | None = None, context: str | None = None, on_text=None) -> Answer:
+        """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use).
+        `on_text(summary so far)`: placeholder until streaming lands (the HTTP part): called once, at the end."""
+        answer = self._ask(question, image_png, memory, max_tokens=max_tokens, context=context)
+        if on_text is not None:
+            on_text(answer.summary)
+        return answer
+
+    def _ask(self, question: str, image_png: bytes | None, memory: list[Turn] = (), *,
+             max_tokens: int | None = None, context: str | None = None) -> Answer:
         import openai
 
         messages = build_messages(question, image_png, list(memory), context)

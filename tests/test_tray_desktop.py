@@ -1,0 +1,117 @@
+"""`deskeye run` on a whole desktop (openbox, xcompmgr, dunst, an XEmbed tray host) as a user drives it:
+xdotool clicks the tray icon, picks menu entries, types into the Ask box; what the overlay shows is read back
+from the screen with OCR; requests are counted at the worker (/metrics). No StatusNotifierItem host runs
+headless here (KDE's and GNOME's need their whole shells), so the AppIndicator path is not exercised.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+
+import psutil
+import pytest
+
+from tests.fixtures.deskeye_process import start_deskeye
+from tests.fixtures.desktop import start_desktop
+from tests.fixtures.polling import wait_until
+from tests.fixtures.tk_windows import open_test_window
+
+SETTINGS = '[worker]\nengine = "ocr"\n[overlay]\nfade_after_s = 0.0\n[hooks]\ndry_run = true\n'
+LINES = ["Quarterly report draft", "Revenue grew by twelve percent", "Costs are under review"]
+
+
+@pytest.fixture(scope="module")
+def desktop():
+    session = start_desktop(1600, 900, tray="trayer")
+    yield session
+    session.stop()
+
+
+def tray_icon(desktop) -> str:
+    ids = wait_until(lambda: desktop.xdotool("search", "--onlyvisible", "--name", r"^DeskEye \("), 20)
+    assert ids, "the DeskEye icon never appeared in the tray"
+    return ids.split()[0]
+
+
+def geometry(desktop, window_id: str) -> tuple[int, int, int, int]:
+    values = dict(line.split("=", 1) for line in desktop.xdotool("getwindowgeometry", "--shell", window_id).splitlines())
+    return int(values["X"]), int(values["Y"]), int(values["WIDTH"]), int(values["HEIGHT"])
+
+
+def menu_windows(desktop, pid: int) -> list[str]:
+    """Visible windows of the app that are popup menus."""
+    found = []
+    for window_id in desktop.xdotool("search", "--onlyvisible", "--pid", str(pid), "--name", "").split():
+        import subprocess
+        out = subprocess.run(["xprop", "-id", window_id, "_NET_WM_WINDOW_TYPE"], capture_output=True, text=True,
+                             env=desktop.env()).stdout
+        if "POPUP_MENU" in out or "DROPDOWN_MENU" in out:
+            found.append(window_id)
+    return found
+
+
+def click_icon_and_open_menu(desktop, pid: int, button: str = "1") -> str:
+    x, y, width, height = geometry(desktop, tray_icon(desktop))
+    assert width >= 16 and height >= 16, f"the tray icon is {width}x{height} px"
+    desktop.xdotool("mousemove", str(x + width // 2), str(y + height // 2), "click", button)
+    menus = wait_until(lambda: menu_windows(desktop, pid), 10)
+    assert menus, "clicking the tray icon opened no menu"
+    return menus[0]
+
+
+def test_tray_menu_ask_box_quick_answer_and_quit(desktop):
+    window = open_test_window(desktop.display, "Report - editor", "800x600+174+150", lines=LINES)
+    app = start_deskeye(desktop, settings=SETTINGS)
+    try:
+        assert app.read_until("deskeye: watching", 60), "".join(app.output)
+        assert wait_until(lambda: app.chat_requests() >= 1, 120)       # the first screen was described
+        time.sleep(2)                                                  # the first describe has settled
+        before = app.chat_requests()
+
+        click_icon_and_open_menu(desktop, app.proc.pid)
+        desktop.xdotool("key", "Down", "Down", "Return")             # the second entry: "Ask…"
+        assert wait_until(lambda: desktop.xdotool("search", "--onlyvisible", "--name", "Ask DeskEye"), 10)
+        assert wait_until(lambda: desktop.xdotool("getwindowfocus", "getwindowname") == "Ask DeskEye", 10)
+        desktop.xdotool("type", "--delay", "20", "what time is it")
+        desktop.xdotool("key", "Return")
+        text = wait_until(lambda: (t := app.overlay_text()) and re.search(r"\d{1,2}:\d{2}", t) and t, 30)
+        assert text, f"the overlay never showed a time: {app.overlay_text()!r}"
+        shown = re.search(r"(\d{1,2}):(\d{2})", text)
+        shown_minutes = int(shown.group(1)) * 60 + int(shown.group(2))
+        now = datetime.now()
+        assert abs(shown_minutes - (now.hour * 60 + now.minute)) <= 1, text
+        assert app.chat_requests() == before                           # answered without the worker
+
+        worker = app.worker()
+        click_icon_and_open_menu(desktop, app.proc.pid, button="3")
+        for _ in range(5):
+            desktop.xdotool("key", "Down")                             # the fifth entry: "Quit"
+        desktop.xdotool("key", "Return")
+        assert app.proc.wait(30) == 0
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+        assert not desktop.xdotool("search", "--name", r"^DeskEye \(")
+    finally:
+        app.stop()
+        window.close()
+
+
+def test_the_icon_docks_again_when_the_tray_host_restarts_and_in_tint2(desktop):
+    app = start_deskeye(desktop, settings=SETTINGS)
+    try:
+        assert app.read_until("deskeye: watching", 60), "".join(app.output)
+        tray_icon(desktop)
+        desktop.stop_one("tray")
+        assert wait_until(lambda: not desktop.has_tray(), 10)
+        desktop.start_tray("tint2")                                   # another host: docks there
+        x, y, width, height = geometry(desktop, tray_icon(desktop))
+        assert y > 800 and width >= 16                                # tint2's panel is at the bottom
+        click_icon_and_open_menu(desktop, app.proc.pid)
+        desktop.xdotool("key", "Escape")
+        desktop.stop_one("tray")
+        desktop.start_tray("trayer")                                  # and back
+        x, y, width, height = geometry(desktop, tray_icon(desktop))
+        assert y < 40 and width >= 16
+    finally:
+        app.stop()
