@@ -246,8 +246,8 @@ class App:
         except DeskEyeError as exc:
             log.warning("capture failed: %s", exc)
             return
-        if self.change.should_describe(frame.image):
-            self.change.mark_described(frame.image)
+        if self.change.should_describe(frame.image, frame.masks):
+            self.change.mark_described(frame.image, frame.masks)
             self.jobs.put(Job(DESCRIBE, AUTO, frame=frame))
 
     def _privacy(self) -> PrivacyVerdict:
@@ -300,7 +300,7 @@ class App:
         if frame is None:
             return
         answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(), on_text=self._stream)
-        self.change.mark_described(frame.image)
+        self.change.mark_described(frame.image, frame.masks)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
         self._show(Kind.ANSWER, answer.summary, answer.key_objects)   # a changed screen is shown too
 

@@ -44,6 +44,11 @@ class Frame:
     def png(self) -> bytes:
         return to_png(self.image)
 
+    @property
+    def masks(self) -> tuple[Rect, ...]:
+        """The masked rectangles in the image's own pixels (for change detection)."""
+        return tuple(Rect(m.left - self.rect.left, m.top - self.rect.top, m.width, m.height) for m in self.masked)
+
 
 def to_png(image: Image.Image) -> bytes:
     buffer = io.BytesIO()

@@ -11,17 +11,21 @@ changed when its grey level moved by more than `capture.change_threshold`. Then:
 - NONE: no cell changed.
 
 Always against the last *described* frame, so slow drift adds up. Hotkey describes ignore all this.
-DeskEye's own windows are already masked out of the frames (deskeye/capture.py). Cost ~1 ms per frame.
+DeskEye's own windows are masked out of the frames (deskeye/capture.py); the cells under a mask of either
+frame are left out of the comparison, so an overlay that comes or goes is no change. Cost ~1 ms per frame.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, ImageDraw
+
+from deskeye.geometry import Rect
 
 THUMBNAIL_SIZE = (64, 48)
 NUM_CELLS = THUMBNAIL_SIZE[0] * THUMBNAIL_SIZE[1]
@@ -42,6 +46,19 @@ def max_difference(a: Image.Image, b: Image.Image) -> int:
     return ImageChops.difference(a, b).getextrema()[1]
 
 
+def mask_cells(thumb: Image.Image, masks: Sequence[Rect], size: tuple[int, int]) -> Image.Image:
+    """A copy of `thumb` with the cells touched by `masks` (pixel rectangles of a `size` frame) set to 0."""
+    if not masks:
+        return thumb
+    thumb = thumb.copy()
+    draw = ImageDraw.Draw(thumb)
+    sx, sy = THUMBNAIL_SIZE[0] / size[0], THUMBNAIL_SIZE[1] / size[1]
+    for m in masks:
+        draw.rectangle((math.floor(m.left * sx), math.floor(m.top * sy),
+                        math.ceil(m.right * sx) - 1, math.ceil(m.bottom * sy) - 1), fill=0)
+    return thumb
+
+
 def num_changed_cells(a: Image.Image, b: Image.Image, threshold: int) -> int:
     """Thumbnail cells whose grey level differs by more than `threshold`."""
     return ImageChops.difference(a, b).point(lambda v: 255 if v > threshold else 0).histogram()[255]
@@ -57,22 +74,26 @@ class ChangeDetector:
         self.small_change_interval_s = small_change_interval_s
         self._clock = clock
         self._described: Image.Image | None = None
+        self._described_masks: tuple[Rect, ...] = ()
         self._described_at = 0.0
         self._lock = threading.Lock()
 
-    def classify(self, image: Image.Image) -> Change:
+    def classify(self, image: Image.Image, masks: Sequence[Rect] = ()) -> Change:
+        """`masks`: rectangles of `image` (its own pixels) painted over DeskEye's windows."""
         thumb = thumbnail(image)
         with self._lock:
             if self._described is None:
                 return Change.MAJOR
-            changed = num_changed_cells(thumb, self._described, self.threshold)
+            both = (*masks, *self._described_masks)
+            changed = num_changed_cells(mask_cells(thumb, both, image.size),
+                                        mask_cells(self._described, both, image.size), self.threshold)
         if changed >= self.min_changed_cells:
             return Change.MAJOR
         return Change.MINOR if changed else Change.NONE
 
-    def should_describe(self, image: Image.Image) -> bool:
+    def should_describe(self, image: Image.Image, masks: Sequence[Rect] = ()) -> bool:
         """Whether the capture loop should describe this frame (the rule in the module docstring)."""
-        change = self.classify(image)
+        change = self.classify(image, masks)
         if change is Change.MAJOR:
             return True
         if change is Change.MINOR and self.small_change_interval_s > 0:
@@ -80,13 +101,14 @@ class ChangeDetector:
                 return self._clock() - self._described_at >= self.small_change_interval_s
         return False
 
-    def is_changed(self, image: Image.Image) -> bool:
-        return self.classify(image) is not Change.NONE
+    def is_changed(self, image: Image.Image, masks: Sequence[Rect] = ()) -> bool:
+        return self.classify(image, masks) is not Change.NONE
 
-    def mark_described(self, image: Image.Image) -> None:
+    def mark_described(self, image: Image.Image, masks: Sequence[Rect] = ()) -> None:
         thumb = thumbnail(image)
         with self._lock:
             self._described = thumb
+            self._described_masks = tuple(masks)
             self._described_at = self._clock()
 
     def reset(self) -> None:
