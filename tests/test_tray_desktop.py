@@ -115,3 +115,36 @@ def test_the_icon_docks_again_when_the_tray_host_restarts_and_in_tint2(desktop):
         assert y < 40 and width >= 16
     finally:
         app.stop()
+
+
+def test_ask_hotkey_opens_the_ask_box_right_click_opens_the_menu_and_notifications_miss_the_overlay(desktop):
+    import subprocess
+    window = open_test_window(desktop.display, "Report - editor", "800x600+174+150", lines=LINES)
+    app = start_deskeye(desktop, settings=SETTINGS)
+    try:
+        assert app.read_until("deskeye: watching", 60), "".join(app.output)
+        assert wait_until(app.overlay_rect, 120)                       # the first description is shown
+        desktop.xdotool("key", "ctrl+alt+a")
+        assert wait_until(lambda: desktop.xdotool("getwindowfocus", "getwindowname") == "Ask DeskEye", 10)
+        ask_box = geometry(desktop, desktop.xdotool("search", "--onlyvisible", "--name", "Ask DeskEye").split()[0])
+        overlay = app.overlay_rect()
+        assert abs(ask_box[0] - overlay[0]) < 60 and ask_box[1] < overlay[1]   # just above the overlay
+        desktop.xdotool("key", "Escape")
+        assert wait_until(lambda: not desktop.xdotool("search", "--onlyvisible", "--name", "Ask DeskEye"), 10)
+
+        x, y, width, height = overlay
+        desktop.xdotool("mousemove", str(x + width // 2), str(y + height // 2), "click", "3")
+        menu = wait_until(lambda: desktop.xdotool("search", "--onlyvisible", "--class", "^Menu$"), 10)
+        assert menu, "right-clicking the overlay opened no menu"
+        desktop.xdotool("key", "Escape")
+
+        subprocess.run(["notify-send", "Build finished", "All 412 tests passed"], env=desktop.env(), check=True,
+                       timeout=10)
+        bubble = wait_until(lambda: desktop.xdotool("search", "--onlyvisible", "--class", "Dunst"), 10)
+        assert bubble, "dunst showed no notification"
+        bx, by, bw, bh = geometry(desktop, bubble.split()[0])
+        ox, oy, ow, oh = app.overlay_rect()
+        assert bx + bw <= ox or ox + ow <= bx or by + bh <= oy or oy + oh <= by, ((bx, by, bw, bh), (ox, oy, ow, oh))
+    finally:
+        app.stop()
+        window.close()
