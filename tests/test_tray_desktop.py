@@ -1,12 +1,14 @@
 """`deskeye run` on a whole desktop (openbox, xcompmgr, dunst, an XEmbed tray host) as a user drives it:
 xdotool clicks the tray icon, picks menu entries, types into the Ask box; what the overlay shows is read back
 from the screen with OCR; requests are counted at the worker (/metrics). No StatusNotifierItem host runs
-headless here (KDE's and GNOME's need their whole shells), so the AppIndicator path is not exercised.
+host runs headless as xfce4-panel (its systray plugin owns org.kde.StatusNotifierWatcher): there DeskEye is an
+Ayatana AppIndicator, found on the panel by its colour and clicked like the XEmbed icon.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from datetime import datetime
 
@@ -44,7 +46,6 @@ def menu_windows(desktop, pid: int) -> list[str]:
     """Visible windows of the app that are popup menus."""
     found = []
     for window_id in desktop.xdotool("search", "--onlyvisible", "--pid", str(pid), "--name", "").split():
-        import subprocess
         out = subprocess.run(["xprop", "-id", window_id, "_NET_WM_WINDOW_TYPE"], capture_output=True, text=True,
                              env=desktop.env()).stdout
         if "POPUP_MENU" in out or "DROPDOWN_MENU" in out:
@@ -118,7 +119,6 @@ def test_the_icon_docks_again_when_the_tray_host_restarts_and_in_tint2(desktop):
 
 
 def test_ask_hotkey_opens_the_ask_box_right_click_opens_the_menu_and_notifications_miss_the_overlay(desktop):
-    import subprocess
     window = open_test_window(desktop.display, "Report - editor", "800x600+174+150", lines=LINES)
     app = start_deskeye(desktop, settings=SETTINGS)
     try:
@@ -148,3 +148,43 @@ def test_ask_hotkey_opens_the_ask_box_right_click_opens_the_menu_and_notificatio
     finally:
         app.stop()
         window.close()
+
+
+def find_colour(desktop, colour: tuple[int, int, int], area: tuple[int, int, int, int]):
+    """The centre of the pixels of `colour` in `area` (x, y, w, h) of the screen, or None."""
+    import mss
+    from PIL import Image
+    with mss.MSS(display=desktop.display.name) as sct:
+        shot = sct.grab({"left": area[0], "top": area[1], "width": area[2], "height": area[3]})
+    image = Image.frombytes("RGB", shot.size, shot.bgra, "raw", "BGRX")
+    points = [(x, y) for x in range(image.width) for y in range(image.height) if image.getpixel((x, y)) == colour]
+    if len(points) < 20:
+        return None
+    return (area[0] + sum(p[0] for p in points) // len(points), area[1] + sum(p[1] for p in points) // len(points))
+
+
+def test_with_a_status_notifier_host_the_icon_is_an_appindicator_with_the_same_menu():
+    from deskeye.tray import IDLE, STATE_COLOURS
+    session = start_desktop(1600, 900, tray="xfce4-panel")
+    app = start_deskeye(session, settings=SETTINGS)
+    try:
+        assert app.read_until("deskeye: watching", 60), "".join(app.output)
+        idle = tuple(int(STATE_COLOURS[IDLE][i:i + 2], 16) for i in (1, 3, 5))
+        spot = wait_until(lambda: find_colour(session, idle, (0, 0, 1600, 40)), 30)
+        assert spot, "the DeskEye indicator is not on xfce4-panel"
+        items = subprocess.run(["dbus-send", "--session", "--print-reply", "--dest=org.kde.StatusNotifierWatcher",
+                                "/StatusNotifierWatcher", "org.freedesktop.DBus.Properties.Get",
+                                "string:org.kde.StatusNotifierWatcher", "string:RegisteredStatusNotifierItems"],
+                               capture_output=True, text=True, env=session.env(), timeout=10).stdout
+        assert "NotificationItem/deskeye" in items                    # an SNI item, not an XEmbed icon
+        session.xdotool("mousemove", str(spot[0]), str(spot[1]), "click", "1")
+        menus = wait_until(lambda: [w for w in session.xdotool("search", "--onlyvisible", "--name", "").split()
+                                    if "MENU" in subprocess.run(["xprop", "-id", w, "_NET_WM_WINDOW_TYPE"],
+                                                                capture_output=True, text=True,
+                                                                env=session.env()).stdout], 10)
+        assert menus, "clicking the indicator opened no menu"
+        session.xdotool("key", "Down", "Down", "Return")              # "Ask…"
+        assert wait_until(lambda: session.xdotool("search", "--onlyvisible", "--name", "Ask DeskEye"), 10)
+    finally:
+        app.stop()
+        session.stop()
