@@ -80,11 +80,20 @@ def test_without_a_tray_host_the_tray_says_so_once_and_stops_cleanly(xdisplay, c
     images = {state: draw_icon(state).tobytes() for state in (IDLE, BUSY, PAUSED, WORKER_DOWN)}
     assert len(set(images.values())) == 4
     tray = Tray(TrayActions())
+    applied_on: list[str] = []
+    apply_state = tray._apply_state
+
+    def recording_apply_state():
+        applied_on.append(threading.current_thread().name)
+        return apply_state()
+
+    tray._apply_state = recording_apply_state
     with caplog.at_level("WARNING", logger="deskeye.tray"):
         tray.start()
         for state in (BUSY, IDLE, PAUSED, BUSY, IDLE):
-            tray.set_state(state)
+            tray.set_state(state)                      # from this (the main) thread
         time.sleep(0.3)
+    assert len(applied_on) >= 5 and set(applied_on) == {"deskeye-tray"}   # GTK is touched on its thread only
     try:
         warnings = [r.getMessage() for r in caplog.records if r.name == "deskeye.tray"]
         assert len(warnings) == 1 and "No system tray is running" in warnings[0] and "<ctrl>+<alt>+a" in warnings[0]
