@@ -4,6 +4,7 @@ default hooks, and routes a question from there."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,9 +14,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_built_wheel_ships_the_rules_and_routes(tmp_path):
-    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
+    wheel_dir, target, source = tmp_path / "wheel", tmp_path / "site", tmp_path / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("deskeye", "inference_worker"):           # a clean copy: setuptools builds in the source tree
+        shutil.copytree(REPO_ROOT / name, source / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                            "-w", str(wheel_dir), str(REPO_ROOT)], capture_output=True, text=True, timeout=300)
+                            "-w", str(wheel_dir), str(source)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     wheel = next(wheel_dir.glob("deskeye-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()

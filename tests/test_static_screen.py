@@ -15,7 +15,6 @@ from deskeye.geometry import Rect
 from deskeye.placement import default_region, overlay_column
 from tests.fixtures.deskeye_process import start_deskeye
 from tests.fixtures.desktop import start_desktop
-from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import stop_process
 from tests.fixtures.tk_windows import open_test_window
 
