@@ -328,6 +328,8 @@ class Overlay:
         tk = self._tk["tk"]
         old = self._tk.get("menu")
         if old is not None:
+            if self.own_windows is not None:
+                self.own_windows.unregister(old.winfo_id())
             old.destroy()
         menu = tk.Menu(self._tk["root"], tearoff=0)
         for entry in menu_entries(self.menu_actions):

@@ -33,8 +33,9 @@ class XWindow:
 class OwnWindows:
     """Ids of DeskEye's Tk windows (registered by the Tk thread) plus a per-thread reader of the window list."""
 
-    def __init__(self, pid: int | None = None):
+    def __init__(self, pid: int | None = None, display_name: str | None = None):
         self.pid = pid if pid is not None else os.getpid()
+        self.display_name = display_name       # None = $DISPLAY
         self._ids: set[int] = set()
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -68,10 +69,10 @@ class OwnWindows:
 
     def _connection(self):
         conn = getattr(self._local, "conn", None)
-        if conn is None and sys.platform.startswith("linux") and os.environ.get("DISPLAY"):
+        if conn is None and sys.platform.startswith("linux") and (self.display_name or os.environ.get("DISPLAY")):
             try:
                 from Xlib import display
-                conn = display.Display()
+                conn = display.Display(self.display_name)
             except Exception as exc:
                 log.debug("cannot open the X display to list windows: %s", exc)
                 return None

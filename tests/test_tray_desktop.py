@@ -15,6 +15,8 @@ from datetime import datetime
 import psutil
 import pytest
 
+from deskeye.geometry import Rect
+from deskeye.x11_windows import OwnWindows
 from tests.fixtures.deskeye_process import start_deskeye
 from tests.fixtures.desktop import start_desktop
 from tests.fixtures.polling import wait_until
@@ -71,7 +73,13 @@ def test_tray_menu_ask_box_quick_answer_and_quit(desktop):
         time.sleep(2)                                                  # the first describe has settled
         before = app.chat_requests()
 
-        click_icon_and_open_menu(desktop, app.proc.pid)
+        menu = click_icon_and_open_menu(desktop, app.proc.pid)
+        own = OwnWindows(pid=app.proc.pid, display_name=desktop.display.name)
+        try:                                                           # the tray's menu counts as DeskEye's own
+            menu_rect = Rect(*geometry(desktop, menu))
+            assert any(w.is_own and w.rect == menu_rect for w in own.windows()), own.windows()
+        finally:
+            own.close_thread()
         desktop.xdotool("key", "Down", "Down", "Return")             # the second entry: "Ask…"
         assert wait_until(lambda: desktop.xdotool("search", "--onlyvisible", "--name", "Ask DeskEye"), 10)
         assert wait_until(lambda: desktop.xdotool("getwindowfocus", "getwindowname") == "Ask DeskEye", 10)
