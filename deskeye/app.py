@@ -1,10 +1,13 @@
 """`deskeye run`: the desktop app. Capture -> (privacy, change) -> job queue -> route -> worker -> overlay/hooks.
 
+`build_app(settings)` builds every part from the settings; `App` only runs them.
+
 Threads, each stoppable:
-- capture loop: every `capture.interval_s`, unless paused or an excluded window is active, grab the
-  region; if it changed since the last described frame, queue an automatic describe;
+- capture loop: every `capture.interval_s`, unless paused or an excluded window is active or in the
+  region, grab the region (DeskEye's own windows masked out); if it changed meaningfully since the last
+  described frame (deskeye/change.py), queue an automatic describe;
 - job thread: serves describe/ask jobs one at a time, in order (hotkey and tray jobs first, none dropped);
-- hotkeys (pynput), tray (pystray, daemon) and the overlay's Tk thread: they only enqueue or display.
+- hotkeys (pynput), tray (GTK, daemon) and the overlay's Tk thread: they only enqueue or display.
 Every description is shown in the overlay and goes to the screen memory ("what was that?") and the hooks;
 what the user asked for is also kept in the rolling conversation memory (cleared on pause/quit).
 """
@@ -18,16 +21,20 @@ import threading
 import time
 from pathlib import Path
 
+from deskeye.asking import route_question
 from deskeye.capture import Frame, ScreenGrabber, check_display
 from deskeye.change import ChangeDetector
-from deskeye.errors import DeskEyeError, SettingsError
+from deskeye.errors import DeskEyeError, SettingsError, UsageError
+from deskeye.geometry import Rect
 from deskeye.jobs import ASK, AUTO, DESCRIBE, HOTKEY, TRAY, Job, JobQueue
 from deskeye.memory import ConversationMemory
-from deskeye.overlay import Overlay
-from deskeye.privacy import check_privacy
+from deskeye.overlay import Kind, Overlay, OverlayContent
+from deskeye.placement import overlay_column
+from deskeye.privacy import PrivacyVerdict, check_privacy
+from deskeye.prompt import DESCRIBE_QUESTION, Description
 from deskeye.settings import Settings, default_settings_path, with_overrides
 from deskeye.tray import BUSY, IDLE, PAUSED, WORKER_DOWN, Tray, TrayActions, open_settings_file
-from inference_worker.protocol import DESCRIBE_QUESTION, Description
+from deskeye.x11_windows import OwnWindows
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +50,19 @@ class App:
                  use_tray: bool = True, use_hotkeys: bool = True, settings_path: Path | None = None):
         self.settings = settings
         self.settings_path = settings_path or settings.config_dir / "settings.toml"
-        self.grabber = ScreenGrabber(settings.capture, region)
-        self.change = ChangeDetector(settings.capture.change_threshold)
+        self.own_windows = OwnWindows()
+        self.grabber = ScreenGrabber(settings.capture, region, avoid=self._overlay_column,
+                                     mask=self.own_windows.own_rects)
+        capture = settings.capture
+        self.change = ChangeDetector(capture.change_threshold, capture.min_changed_percent,
+                                     capture.small_change_interval_s)
         self.memory = ConversationMemory(settings.memory.turns)
         self.jobs = JobQueue()
         self.supervisor, self.client = supervisor, client
         self.router, self.quick, self.screen_memory = router, quick, screen_memory
         self.notifier, self.hooks = notifier, hooks
         self.overlay: Overlay | None = None
-        self.tray: Tray | None = Tray(self.tray_actions()) if use_tray else None
+        self.tray: Tray | None = Tray(self.tray_actions(), ask_hotkey=settings.hotkeys.ask) if use_tray else None
         self.hotkeys = None
         self._use_hotkeys = use_hotkeys
         self._paused = threading.Event()
@@ -74,8 +85,10 @@ class App:
             raise
 
     def _start_parts(self) -> None:
-        self._build_parts()
-        self.overlay = Overlay(self.settings.overlay, self._overlay_area())
+        self._check_parts()
+        self.supervisor.on_state_change = lambda state: self._refresh_state()
+        self.overlay = Overlay(self.settings.overlay, self._overlay_area(), menu_actions=self.tray_actions(),
+                               own_windows=self.own_windows)
         self.overlay.start()
         self.supervisor.start(wait=False)
         self._spawn("deskeye-jobs", self._job_loop)
@@ -83,7 +96,7 @@ class App:
         if self._use_hotkeys:
             from deskeye.hotkeys import Hotkeys
             self.hotkeys = Hotkeys(self.settings.hotkeys, on_describe=lambda: self.describe_now(HOTKEY),
-                                   on_pause=self.toggle_pause)
+                                   on_pause=self.toggle_pause, on_ask=self.open_ask)
             try:
                 self.hotkeys.start()
             except SettingsError:
@@ -91,31 +104,21 @@ class App:
             except DeskEyeError as exc:       # the tray still works: say so and carry on
                 log.warning("%s", exc)
                 self.hotkeys = None
-                self._show("error", str(exc))
+                self._show(Kind.ERROR, str(exc))
         if self.tray is not None:
             self.tray.start()
         self._refresh_state()
 
-    def _build_parts(self) -> None:
-        """The parts not handed in: built here, not at import (each reads its own settings)."""
-        from deskeye.client import WorkerClient
-        from deskeye.hooks import build_runner
-        from deskeye.notify import Notifier
-        from deskeye.providers import QuickAnswerer, ScreenMemory
-        from deskeye.supervisor import WorkerSupervisor
-        if self.supervisor is None:
-            self.supervisor = WorkerSupervisor(self.settings)
-        self.supervisor.on_state_change = lambda state: self._refresh_state()
-        if self.client is None:
-            self.client = WorkerClient(self.supervisor, self.settings)
-        if self.screen_memory is None:
-            self.screen_memory = ScreenMemory()
-        if self.quick is None:
-            self.quick = QuickAnswerer(self.settings, self.screen_memory)
-        if self.notifier is None:
-            self.notifier = Notifier()
-        if self.hooks is None:
-            self.hooks = build_runner(self.settings, self.notifier)
+    def _check_parts(self) -> None:
+        missing = [name for name in ("supervisor", "client", "quick", "screen_memory", "notifier", "hooks")
+                   if getattr(self, name) is None]
+        if missing:
+            raise TypeError(f"App needs {', '.join(missing)}: build it with build_app(settings).")
+
+    def _overlay_column(self, monitor: Rect) -> Rect:
+        """The strip of the monitor the overlay and the Ask box use: kept out of the default region."""
+        o = self.settings.overlay
+        return overlay_column(monitor, o.width_px, o.margin_px, o.position)
 
     def _overlay_area(self):
         """The watched monitor (the overlay goes to its top-right); checks the region lies on it."""
@@ -137,7 +140,8 @@ class App:
     def ready_line(self) -> str:
         rect, hotkeys = self.grabber.rect(), self.settings.hotkeys
         self.grabber.close_thread()
-        keys = f"describe {hotkeys.describe}, pause {hotkeys.pause}" if self.hotkeys else "hotkeys off"
+        keys = (f"describe {hotkeys.describe}, ask {hotkeys.ask}, pause {hotkeys.pause}" if self.hotkeys
+                else "hotkeys off")
         return (f"deskeye: watching {rect.width}x{rect.height} at {rect.left},{rect.top} "
                 f"(monitor {self.settings.capture.monitor}); {keys}; quit from the tray or with Ctrl+C.")
 
@@ -170,8 +174,8 @@ class App:
     def pause(self) -> None:
         self._paused.set()
         self._forget()
-        self._show("notice", f"Paused: DeskEye is not looking. Resume from the tray or press "
-                             f"{self.settings.hotkeys.pause}.")
+        self._show(Kind.NOTICE, f"Paused: DeskEye is not looking. Resume from the tray or press "
+                                f"{self.settings.hotkeys.pause}.")
         self._refresh_state()
 
     def _forget(self) -> None:
@@ -183,14 +187,14 @@ class App:
     def resume(self) -> None:
         self._paused.clear()
         self.change.reset()             # describe the screen as it is now
-        self._show("notice", "Watching again.")
+        self._show(Kind.NOTICE, "Watching again.")
         self._refresh_state()
 
     def open_settings(self) -> None:
         try:
             open_settings_file(self.settings_path)
         except (DeskEyeError, OSError) as exc:
-            self._show("error", str(exc))
+            self._show(Kind.ERROR, str(exc))
 
     def quit(self) -> None:
         """Stop everything (on a separate thread, so any thread may call it); `wait()` returns when done."""
@@ -230,20 +234,25 @@ class App:
                     self._capture_tick()
         finally:
             self.grabber.close_thread()
+            self.own_windows.close_thread()
 
     def _capture_tick(self) -> None:
-        verdict = check_privacy(self.settings.excluded_titles)
-        if verdict.is_excluded:
-            log.debug("not capturing: %s", verdict.reason)
-            return
         try:
+            verdict = self._privacy()
+            if verdict.is_excluded:
+                log.debug("not capturing: %s", verdict.reason)
+                return
             frame = self.grabber.grab()
         except DeskEyeError as exc:
             log.warning("capture failed: %s", exc)
             return
-        if self.change.is_changed(frame.image):
-            self.change.mark_described(frame.image)
+        if self.change.should_describe(frame.image, frame.masks):
+            self.change.mark_described(frame.image, frame.masks)
             self.jobs.put(Job(DESCRIBE, AUTO, frame=frame))
+
+    def _privacy(self) -> PrivacyVerdict:
+        return check_privacy(self.settings.excluded_titles, region=self.grabber.rect(),
+                             windows=self.own_windows.windows())
 
     # ------------------------------------------------------------------ job thread
 
@@ -258,6 +267,7 @@ class App:
                     self._serve(job)
         finally:
             self.grabber.close_thread()
+            self.own_windows.close_thread()
 
     def _serve(self, job: Job) -> None:
         self._busy.set()
@@ -278,7 +288,7 @@ class App:
 
     def _fail(self, job: Job, message: str) -> None:
         if job.is_user:
-            self._show("error", message)
+            self._show(Kind.ERROR, message)
         else:
             log.warning("automatic describe failed: %s", message)
             self.change.reset()              # try again on the next tick
@@ -289,49 +299,54 @@ class App:
         frame = job.frame or self._user_frame()
         if frame is None:
             return
-        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(),
-                                 on_text=self._show_growing if job.is_user else None)
-        self.change.mark_described(frame.image)
+        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(), on_text=self._stream)
+        self.change.mark_described(frame.image, frame.masks)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
-        self._show("answer", answer.summary, answer.key_objects)   # a changed screen is shown too
+        self._show(Kind.ANSWER, answer.summary, answer.key_objects)   # a changed screen is shown too
 
     def _ask(self, job: Job) -> None:
-        route = self._route(job.question)
-        if route == "quick":
-            quick = self.quick.answer(job.question)
-            if quick is not None:
-                self._show("error" if quick.is_error else "answer", quick.text)
-                return
-        deep = route == "deep"
+        routed = route_question(job.question, self._router(), self.quick)
+        if routed.quick_answer is not None:
+            quick = routed.quick_answer
+            self._show(Kind.ERROR if quick.is_error else Kind.ANSWER, quick.text)
+            return
+        deep = routed.tier == "deep"
         if deep:
-            self._show("thinking")
+            self._show(Kind.THINKING, "thinking…")
         frame = self._user_frame()
         if frame is None:
             return
         max_tokens = None
         if deep:
             max_tokens = min(self.settings.worker.max_tokens * DEEP_MAX_TOKENS_FACTOR, MAX_REQUEST_TOKENS)
-        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens)
+        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens,
+                                 on_text=None if deep else self._stream)
         self._remember(job.question, answer)
-        self._show("answer", answer.summary, answer.key_objects)
+        self._show(Kind.ANSWER, answer.summary, answer.key_objects)
         if deep:
             self.notifier.notify("DeskEye", answer.summary)
 
-    def _route(self, question: str) -> str:
+    def _stream(self, text_so_far: str) -> None:
+        """A streamed answer's summary so far: the overlay grows with it (as "thinking" until the whole answer,
+        with its key objects, is in)."""
+        if text_so_far:
+            self._show(Kind.THINKING, f"{text_so_far}…")
+
+    def _router(self):
         if self.router is None:
             from deskeye.router import Router
             self.router = Router.load(self.settings)
-        return self.router.route(question).tier
+        return self.router
 
     def _user_frame(self) -> Frame | None:
         """A fresh frame for a user's request, or None (shown why) when paused or an excluded window is active."""
         if self.is_paused:
-            self._show("notice", f"DeskEye is paused and not looking at the screen. Resume it from the tray "
-                                 f"or press {self.settings.hotkeys.pause}.")
+            self._show(Kind.NOTICE, f"DeskEye is paused and not looking at the screen. Resume it from the tray "
+                                    f"or press {self.settings.hotkeys.pause}.")
             return None
-        verdict = check_privacy(self.settings.excluded_titles)
+        verdict = self._privacy()
         if verdict.is_excluded:
-            self._show("notice", verdict.reason)
+            self._show(Kind.NOTICE, verdict.reason)
             return None
         return self.grabber.grab()
 
@@ -358,23 +373,9 @@ class App:
 
     # ------------------------------------------------------------------ display
 
-    def _show_growing(self, summary: str) -> None:
-        """The answer's summary while the worker is still generating it (streamed; shown as "thinking" until
-        the whole answer is in)."""
-        if self.overlay is not None and summary:
-            self.overlay.show_thinking(f"{summary}…")
-
-    def _show(self, kind: str, text: str = "", key_objects=()) -> None:
-        if self.overlay is None:
-            return
-        if kind == "answer":
-            self.overlay.show_answer(text, list(key_objects))
-        elif kind == "thinking":
-            self.overlay.show_thinking()
-        elif kind == "error":
-            self.overlay.show_error(text)
-        else:
-            self.overlay.show_notice(text)
+    def _show(self, kind: Kind, text: str = "", key_objects=()) -> None:
+        if self.overlay is not None:
+            self.overlay.show(OverlayContent(kind, text, tuple(key_objects)))
 
     def _refresh_state(self) -> None:
         if self.tray is None:
@@ -392,13 +393,46 @@ class App:
             self.tray.set_state(state)
 
 
+def build_app(settings: Settings, *, region: str | None = None, settings_path: Path | None = None,
+              use_tray: bool = True, use_hotkeys: bool = True, **parts) -> App:
+    """Every part of the app, built from `settings` (a part given in `parts` is used instead)."""
+    from deskeye.client import WorkerClient
+    from deskeye.hooks import build_runner
+    from deskeye.notify import Notifier
+    from deskeye.providers import QuickAnswerer, ScreenMemory
+    from deskeye.supervisor import WorkerSupervisor
+    supervisor = parts.pop("supervisor", None) or WorkerSupervisor(settings)
+    screen_memory = parts.pop("screen_memory", None) or ScreenMemory()
+    notifier = parts.pop("notifier", None) or Notifier()
+    built = {"supervisor": supervisor, "screen_memory": screen_memory, "notifier": notifier,
+             "client": parts.pop("client", None) or WorkerClient(supervisor, settings),
+             "quick": parts.pop("quick", None) or QuickAnswerer(settings, screen_memory),
+             "hooks": parts.pop("hooks", None) or build_runner(settings, notifier)}
+    return App(settings, region=region, settings_path=settings_path, use_tray=use_tray, use_hotkeys=use_hotkeys,
+               **built, **parts)
+
+
+def worker_overrides(args) -> dict[str, str]:
+    """--engine / --model as [worker] settings. `--model` alone means that model or a clear failure (never a
+    silent fall back to OCR), and a model path that does not exist is refused here, in one line."""
+    engine, model = getattr(args, "engine", None), getattr(args, "model", None)
+    overrides = {k: v for k, v in (("engine", engine), ("model", model)) if v}
+    if model:
+        if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+            raise UsageError(f"--model {model}: no such folder. Give a model folder or a Hugging Face id "
+                             "(e.g. openbmb/MiniCPM-V-4.6), or leave --model out to use the OCR engine.")
+        if not engine:
+            overrides["engine"] = "transformers"
+    return overrides
+
+
 def cmd_run(args, settings: Settings) -> int:
     """`deskeye run [--region X,Y,W,H] [--engine E] [--model M]`: run until Quit (tray) or Ctrl+C."""
-    worker = {k: v for k, v in (("engine", args.engine), ("model", args.model)) if v}
+    worker = worker_overrides(args)
     if worker:
         settings = with_overrides(settings, worker=worker)
     path = Path(args.settings) if getattr(args, "settings", None) else default_settings_path()
-    app = App(settings, region=args.region, settings_path=path)
+    app = build_app(settings, region=args.region, settings_path=path)
     signal.signal(signal.SIGTERM, lambda *_: app.quit())
     try:
         app.start()

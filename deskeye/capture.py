@@ -2,8 +2,11 @@
 
 The region is given relative to the chosen monitor's top-left corner (`capture.monitor`, mss
 numbering: 1 = primary, 2.. = others, 0 = all monitors stitched). With no region, DeskEye watches
-800x600 centred on that monitor. mss is not thread-safe across threads, so `ScreenGrabber` keeps one
-mss instance per thread that grabs.
+800x600 centred on that monitor, kept out of the overlay's column (deskeye/placement.py). mss is not
+thread-safe across threads, so `ScreenGrabber` keeps one mss instance per thread that grabs.
+
+DeskEye's own windows (overlay, Ask box, menus) are painted over with one flat colour in every frame, before
+change detection and before the frame is sent: DeskEye never watches itself, wherever its windows are.
 """
 
 from __future__ import annotations
@@ -13,47 +16,38 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from deskeye.errors import CaptureError
+from deskeye.geometry import Rect
 from deskeye.settings import CaptureSettings, Settings, parse_region
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REGION_SIZE = (800, 600)
 PNG_COMPRESS_LEVEL = 1            # fast: the PNG only travels to a local worker
-
-
-@dataclass(frozen=True)
-class Rect:
-    """A rectangle in absolute screen pixels."""
-    left: int
-    top: int
-    width: int
-    height: int
-
-    @property
-    def right(self) -> int:
-        return self.left + self.width
-
-    @property
-    def bottom(self) -> int:
-        return self.top + self.height
-
-    def as_mss(self) -> dict[str, int]:
-        return {"left": self.left, "top": self.top, "width": self.width, "height": self.height}
+MASK_COLOUR = (0, 0, 0)           # what DeskEye's own windows look like in a frame
 
 
 @dataclass(frozen=True)
 class Frame:
-    """One grab: the pixels and where on the screen they came from."""
+    """One grab: the pixels, where on the screen they came from, and what was masked out of them.
+
+    `windows` is free for facts about the windows in the frame (attached by whoever reads them)."""
     image: Image.Image
     rect: Rect
+    masked: tuple[Rect, ...] = ()
+    windows: tuple = field(default=(), compare=False)
 
     def png(self) -> bytes:
         return to_png(self.image)
+
+    @property
+    def masks(self) -> tuple[Rect, ...]:
+        """The masked rectangles in the image's own pixels (for change detection)."""
+        return tuple(Rect(m.left - self.rect.left, m.top - self.rect.top, m.width, m.height) for m in self.masked)
 
 
 def to_png(image: Image.Image) -> bytes:
@@ -79,12 +73,12 @@ def monitor_rect(monitors: list[dict], number: int) -> Rect:
     return Rect(mon["left"], mon["top"], mon["width"], mon["height"])
 
 
-def resolve_region(monitor: Rect, region: tuple[int, int, int, int] | None) -> Rect:
-    """The absolute rectangle to grab: `region` (relative to the monitor) clipped to it, or 800x600 centred."""
+def resolve_region(monitor: Rect, region: tuple[int, int, int, int] | None, avoid: Rect | None = None) -> Rect:
+    """The absolute rectangle to grab: `region` (relative to the monitor) clipped to it, or the default
+    800x600 centred and kept out of `avoid` (the overlay's column)."""
     if region is None:
-        width, height = min(DEFAULT_REGION_SIZE[0], monitor.width), min(DEFAULT_REGION_SIZE[1], monitor.height)
-        return Rect(monitor.left + (monitor.width - width) // 2, monitor.top + (monitor.height - height) // 2,
-                    width, height)
+        from deskeye.placement import default_region
+        return default_region(monitor, avoid)
     x, y, width, height = region
     if x >= monitor.width or y >= monitor.height:
         raise CaptureError(f"The region {x},{y},{width},{height} starts outside the monitor, which is "
@@ -107,9 +101,13 @@ def region_from_settings(settings: CaptureSettings, region: str | tuple | None =
 class ScreenGrabber:
     """Grabs one configured region. Safe to call from several threads: each gets its own mss instance."""
 
-    def __init__(self, settings: CaptureSettings, region: str | tuple | None = None):
+    def __init__(self, settings: CaptureSettings, region: str | tuple | None = None, *,
+                 avoid: Callable[[Rect], Rect | None] = lambda monitor: None,
+                 mask: Callable[[], list[Rect]] = list):
         self._monitor_number = settings.monitor
         self._region = region_from_settings(settings, region)
+        self._avoid = avoid                  # monitor -> the overlay's column, kept out of the default region
+        self._mask = mask                    # -> rectangles to paint over (DeskEye's own windows)
         self._local = threading.local()
 
     def _mss(self):
@@ -129,7 +127,8 @@ class ScreenGrabber:
         return monitor_rect(self._mss().monitors, self._monitor_number)
 
     def rect(self) -> Rect:
-        return resolve_region(self.monitor(), self._region)
+        monitor = self.monitor()
+        return resolve_region(monitor, self._region, self._avoid(monitor))
 
     def grab(self) -> Frame:
         import mss
@@ -139,7 +138,8 @@ class ScreenGrabber:
         except mss.ScreenShotError as exc:
             raise CaptureError(f"Screen capture of {rect} failed: {exc}") from None
         image = Image.frombytes("RGB", shot.size, shot.bgra, "raw", "BGRX")
-        return Frame(image, rect)
+        masked = mask_image(image, rect, self._mask())
+        return Frame(image, rect, masked)
 
     def close_thread(self) -> None:
         """Close the calling thread's mss instance (call it at the end of a thread that grabbed)."""
@@ -147,6 +147,17 @@ class ScreenGrabber:
         if sct is not None:
             self._local.sct = None
             sct.close()
+
+
+def mask_image(image: Image.Image, rect: Rect, covers: list[Rect]) -> tuple[Rect, ...]:
+    """Paint each of `covers` (absolute pixels) that lies in `rect` with MASK_COLOUR; returns what was painted."""
+    painted = tuple(part for cover in covers if (part := rect.clip(cover)) is not None)
+    if painted:
+        draw = ImageDraw.Draw(image)
+        for part in painted:
+            x, y = part.left - rect.left, part.top - rect.top
+            draw.rectangle((x, y, x + part.width - 1, y + part.height - 1), fill=MASK_COLOUR)
+    return painted
 
 
 def grab_png(settings: Settings, region: str | tuple | None = None) -> bytes:

@@ -1,17 +1,40 @@
-"""Has the screen changed since the last frame DeskEye described?
+"""Has the screen changed *meaningfully* since the last frame DeskEye described?
 
-A 64x48 grey thumbnail and the largest per-pixel difference: one changed line of text moves a few
-thumbnail pixels by tens of grey levels, which an 8x8 perceptual hash does not see (measured: dhash
-distance 0). Cost ~1 ms per 800x600 frame.
+Frames are compared as 64x48 grey thumbnails (one cell ~ 12x12 px of an 800x600 region; a changed line of
+text moves tens of cells by tens of grey levels, which an 8x8 perceptual hash does not see). A cell has
+changed when its grey level moved by more than `capture.change_threshold`. Then:
+
+- MAJOR: at least `capture.min_changed_percent` of the cells changed (default 0.8 %, ~25 cells: one
+  changed line of text) -> described at once;
+- MINOR: fewer cells changed (a ticking clock, a blinking cursor, a spinner) -> described only when the
+  last description is `capture.small_change_interval_s` old (default 60 s; 0 = never on their own);
+- NONE: no cell changed.
+
+Always against the last *described* frame, so slow drift adds up. Hotkey describes ignore all this.
+DeskEye's own windows are masked out of the frames (deskeye/capture.py); the cells under a mask of either
+frame are left out of the comparison, so an overlay that comes or goes is no change. Cost ~1 ms per frame.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 import threading
+import time
+from typing import Callable, Sequence
 
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, ImageDraw
+
+from deskeye.geometry import Rect
 
 THUMBNAIL_SIZE = (64, 48)
+NUM_CELLS = THUMBNAIL_SIZE[0] * THUMBNAIL_SIZE[1]
+
+
+class Change(enum.StrEnum):
+    NONE = "none"
+    MINOR = "minor"
+    MAJOR = "major"
 
 
 def thumbnail(image: Image.Image) -> Image.Image:
@@ -23,23 +46,70 @@ def max_difference(a: Image.Image, b: Image.Image) -> int:
     return ImageChops.difference(a, b).getextrema()[1]
 
 
+def mask_cells(thumb: Image.Image, masks: Sequence[Rect], size: tuple[int, int]) -> Image.Image:
+    """A copy of `thumb` with the cells touched by `masks` (pixel rectangles of a `size` frame) set to 0."""
+    if not masks:
+        return thumb
+    thumb = thumb.copy()
+    draw = ImageDraw.Draw(thumb)
+    sx, sy = THUMBNAIL_SIZE[0] / size[0], THUMBNAIL_SIZE[1] / size[1]
+    for m in masks:
+        draw.rectangle((math.floor(m.left * sx), math.floor(m.top * sy),
+                        math.ceil(m.right * sx) - 1, math.ceil(m.bottom * sy) - 1), fill=0)
+    return thumb
+
+
+def num_changed_cells(a: Image.Image, b: Image.Image, threshold: int) -> int:
+    """Thumbnail cells whose grey level differs by more than `threshold`."""
+    return ImageChops.difference(a, b).point(lambda v: 255 if v > threshold else 0).histogram()[255]
+
+
 class ChangeDetector:
     """Compares frames against the last described one. Thread-safe (capture loop and job thread)."""
 
-    def __init__(self, threshold: int):
-        self.threshold = threshold       # a difference above this counts as a change
+    def __init__(self, threshold: int, min_changed_percent: float = 0.8, small_change_interval_s: float = 60.0,
+                 *, clock: Callable[[], float] = time.monotonic):
+        self.threshold = threshold       # a cell difference above this counts as changed
+        self.min_changed_cells = max(1, round(NUM_CELLS * min_changed_percent / 100))
+        self.small_change_interval_s = small_change_interval_s
+        self._clock = clock
         self._described: Image.Image | None = None
+        self._described_masks: tuple[Rect, ...] = ()
+        self._described_at = 0.0
         self._lock = threading.Lock()
 
-    def is_changed(self, image: Image.Image) -> bool:
+    def classify(self, image: Image.Image, masks: Sequence[Rect] = ()) -> Change:
+        """`masks`: rectangles of `image` (its own pixels) painted over DeskEye's windows."""
         thumb = thumbnail(image)
         with self._lock:
-            return self._described is None or max_difference(thumb, self._described) > self.threshold
+            if self._described is None:
+                return Change.MAJOR
+            both = (*masks, *self._described_masks)
+            changed = num_changed_cells(mask_cells(thumb, both, image.size),
+                                        mask_cells(self._described, both, image.size), self.threshold)
+        if changed >= self.min_changed_cells:
+            return Change.MAJOR
+        return Change.MINOR if changed else Change.NONE
 
-    def mark_described(self, image: Image.Image) -> None:
+    def should_describe(self, image: Image.Image, masks: Sequence[Rect] = ()) -> bool:
+        """Whether the capture loop should describe this frame (the rule in the module docstring)."""
+        change = self.classify(image, masks)
+        if change is Change.MAJOR:
+            return True
+        if change is Change.MINOR and self.small_change_interval_s > 0:
+            with self._lock:
+                return self._clock() - self._described_at >= self.small_change_interval_s
+        return False
+
+    def is_changed(self, image: Image.Image, masks: Sequence[Rect] = ()) -> bool:
+        return self.classify(image, masks) is not Change.NONE
+
+    def mark_described(self, image: Image.Image, masks: Sequence[Rect] = ()) -> None:
         thumb = thumbnail(image)
         with self._lock:
             self._described = thumb
+            self._described_masks = tuple(masks)
+            self._described_at = self._clock()
 
     def reset(self) -> None:
         """Forget the reference: the next frame counts as changed."""

@@ -37,10 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
     p.set_defaults(handler="deskeye.oneshot:cmd_describe")
 
-    p = sub.add_parser("ask", help="ask a question about the screen (or an image)")
+    p = sub.add_parser("ask", help="ask a question, routed like the Ask box (quick answers need no worker)")
     p.add_argument("question")
-    p.add_argument("--image", type=Path, help="ask about this image file instead of the screen")
-    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--image", type=Path, help="ask about this image file instead of the screen")
+    src.add_argument("--region", help="X,Y,W,H screen region (default: settings)")
+    p.add_argument("--json", action="store_true", help='print the answer as JSON (describe\'s keys plus "tier")')
     p.add_argument("--engine", choices=["auto", "ocr", "transformers"], help="worker engine (default: settings)")
     p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
     p.set_defaults(handler="deskeye.oneshot:cmd_ask")
@@ -61,10 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hooks", help="validate or fire automation hooks")
     hooks = p.add_subparsers(dest="hooks_command", required=True, metavar="ACTION")
     h = hooks.add_parser("check", help="validate hook rules")
-    h.add_argument("--rules", type=Path, help="hooks TOML file (default: rules/hooks.toml and the user's file)")
+    h.add_argument("--rules", type=Path, help="hooks TOML file (default: DeskEye's deskeye/rules/hooks.toml and the user's file)")
     h.set_defaults(handler="deskeye.hooks:cmd_check")
     h = hooks.add_parser("fire", help="run the hooks matching these key_objects once, as the app would")
-    h.add_argument("--rules", type=Path, help="hooks TOML file (default: rules/hooks.toml and the user's file)")
+    h.add_argument("--rules", type=Path, help="hooks TOML file (default: DeskEye's deskeye/rules/hooks.toml and the user's file)")
     h.add_argument("--key-objects", required=True, help='JSON list of strings, e.g. \'["inbox", "3 unread"]\'')
     h.add_argument("--summary", default="", help="the description's summary text")
     h.add_argument("--dry-run", action="store_true", help="print what would run; run nothing")
@@ -78,8 +80,25 @@ def _resolve(handler: str):
     return getattr(importlib.import_module(module), name)
 
 
+VALUE_OPTIONS = ("--region",)       # options whose value may start with '-' (a negative X: a clear error later)
+
+
+def join_option_values(argv: list[str]) -> list[str]:
+    """`--region -5,0,100,100` -> `--region=-5,0,100,100`, so argparse does not take the value for an option
+    and the region check can say what is wrong with it."""
+    joined, i = [], 0
+    while i < len(argv):
+        if argv[i] in VALUE_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1][1:2].isdigit():
+            joined.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            joined.append(argv[i])
+            i += 1
+    return joined
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_option_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         from deskeye.settings import load_settings
         settings = load_settings(args.settings)
@@ -89,6 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:             # `deskeye settings | head -1`: the reader left; not an error of ours
+        _silence_stdout()
+        return 0
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush does not complain."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Ask the worker (ours or any OpenAI-compatible server) one question about one frame.
 
 The request goes through the official `openai` client: the messages come from
-`inference_worker.protocol.build_messages`, the output is constrained with `deskeye_response_format()`
+`deskeye.prompt.build_messages`, the output is constrained with `deskeye_response_format()`
 and read back with `parse_description`, so the wire format lives in one place. If the connection drops
 because our worker died, the client waits for the supervisor's restart and sends the same request once
 more, so no hotkey press is silently lost.
@@ -25,7 +25,7 @@ from typing import Callable
 from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.settings import Settings
 from deskeye.supervisor import Endpoint, WorkerSupervisor
-from inference_worker.protocol import Turn, build_messages, deskeye_response_format, parse_description
+from deskeye.prompt import Turn, build_messages, deskeye_response_format, parse_description
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: the opening of a DeskEye answer up to its summary string, and that string's characters so far (linear: the

@@ -82,7 +82,7 @@ def cmd_fire(args, settings) -> int:
     """`deskeye hooks fire --key-objects JSON [--summary TEXT] [--dry-run]`: run the matching hooks once."""
     key_objects = _parse_key_objects(args.key_objects)
     from deskeye.notify import Notifier
-    from inference_worker.protocol import Description
+    from deskeye.prompt import Description
     runner = build_runner(settings, Notifier(), rules_file=args.rules, dry_run=args.dry_run)
     firings = runner.fire(Description(args.summary, key_objects))
     for firing in firings:

@@ -1,4 +1,4 @@
-"""Global hotkeys (pynput): describe the screen now, pause/resume watching.
+"""Global hotkeys (pynput): describe the screen now, pause/resume watching, open the Ask box.
 
 pynput is imported only when the listener starts: it fails at import without a display. Callbacks run
 on pynput's thread and must return at once (the app only enqueues). pynput's `stop()` returns only
@@ -12,6 +12,7 @@ import threading
 from typing import Callable
 
 from deskeye.errors import DeskEyeError, SettingsError
+from deskeye.hotkey_syntax import EXAMPLE, check_hotkey
 from deskeye.settings import HotkeySettings
 
 log = logging.getLogger(__name__)
@@ -25,29 +26,32 @@ def _noop() -> None:
 
 
 def parse_hotkey(text: str, key: str) -> None:
-    """Raise SettingsError when `text` is not pynput hotkey syntax (e.g. "<ctrl>+<alt>+d")."""
+    """Raise SettingsError when `text` is not pynput hotkey syntax (e.g. "<ctrl>+<alt>+d"): the same check
+    as the settings file's, then pynput's own."""
+    check_hotkey(text, key)
     from pynput import keyboard
     try:
         keyboard.HotKey.parse(text)
     except ValueError as exc:
-        raise SettingsError(f"{key} = {text!r} is not a valid hotkey ({exc}). Use pynput syntax, "
-                            "e.g. \"<ctrl>+<alt>+d\" (modifiers in angle brackets, joined by '+').") from None
+        raise SettingsError(f"{key} = {text!r} is not a valid hotkey ({exc}). Use pynput syntax, e.g. {EXAMPLE}.") \
+            from None
 
 
 class Hotkeys:
     def __init__(self, settings: HotkeySettings, *, on_describe: Callable[[], None] = _noop,
-                 on_pause: Callable[[], None] = _noop):
+                 on_pause: Callable[[], None] = _noop, on_ask: Callable[[], None] = _noop):
         self.settings = settings
         self.on_describe = on_describe
         self.on_pause = on_pause
+        self.on_ask = on_ask
         self._listener = None
 
     def start(self) -> None:
-        parse_hotkey(self.settings.describe, "hotkeys.describe")
-        parse_hotkey(self.settings.pause, "hotkeys.pause")
+        actions = {"describe": self.on_describe, "pause": self.on_pause, "ask": self.on_ask}
+        for name in actions:
+            parse_hotkey(getattr(self.settings, name), f"hotkeys.{name}")
         from pynput import keyboard
-        bindings = {self.settings.describe: self._guard(self.on_describe),
-                    self.settings.pause: self._guard(self.on_pause)}
+        bindings = {getattr(self.settings, name): self._guard(action) for name, action in actions.items()}
         self._listener = keyboard.GlobalHotKeys(bindings)
         self._listener.daemon = True
         self._listener.name = "deskeye-hotkeys"

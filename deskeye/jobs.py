@@ -6,6 +6,7 @@ changed screen; at most one automatic describe waits at a time (a newer frame re
 
 from __future__ import annotations
 
+import enum
 import itertools
 import queue
 import threading
@@ -13,15 +14,27 @@ from dataclasses import dataclass, field
 
 from deskeye.capture import Frame
 
-DESCRIBE, ASK = "describe", "ask"
-AUTO, HOTKEY, TRAY = "auto", "hotkey", "tray"
+
+class JobKind(enum.StrEnum):
+    DESCRIBE = "describe"
+    ASK = "ask"
+
+
+class Source(enum.StrEnum):
+    AUTO = "auto"            # the capture loop saw a meaningful change
+    HOTKEY = "hotkey"
+    TRAY = "tray"            # the tray, the overlay's menu or the Ask box
+
+
+DESCRIBE, ASK = JobKind.DESCRIBE, JobKind.ASK
+AUTO, HOTKEY, TRAY = Source.AUTO, Source.HOTKEY, Source.TRAY
 USER_PRIORITY, AUTO_PRIORITY = 0, 1
 
 
 @dataclass(frozen=True)
 class Job:
-    kind: str                        # DESCRIBE | ASK
-    source: str                      # AUTO (capture loop) | HOTKEY | TRAY
+    kind: JobKind
+    source: Source
     question: str = ""               # for ASK
     frame: Frame | None = None       # AUTO describes carry the frame that changed; others grab when served
 

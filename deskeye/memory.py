@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from inference_worker.protocol import Turn
+from deskeye.prompt import Turn
 
 
 class ConversationMemory:

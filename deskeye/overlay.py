@@ -1,12 +1,17 @@
-"""The overlay: a small translucent, borderless, always-on-top window at the top-right of the monitor.
+"""The overlay: a small translucent, borderless, always-on-top window in a corner of the monitor
+(`overlay.position`, default bottom-right, inside the work area the panels leave), and the Ask box.
 
 One thread owns Tk. Other threads never touch it: they put commands on a queue that the Tk thread
-polls with `after()`. The window never takes keyboard focus (no focus on show, `takefocus=0`,
+polls with `after()`. `show(content)` is the one way to put something in it (call it again with longer
+text to grow a streamed answer). The window never takes keyboard focus (no focus on show, `takefocus=0`,
 override-redirect), so typing goes on where it was. It fades out after `overlay.fade_after_s`.
+A right-click on it opens DeskEye's menu (deskeye/menu.py). Every window it makes is registered with
+`OwnWindows`, so capture masks it out of the frames.
 """
 
 from __future__ import annotations
 
+import enum
 import gc
 import logging
 import queue
@@ -14,38 +19,57 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from deskeye.capture import Rect
 from deskeye.errors import DeskEyeError
+from deskeye.geometry import Rect
+from deskeye.menu import MenuActions, menu_entries
+from deskeye.placement import ask_box_origin, overlay_rect
 from deskeye.settings import OverlaySettings
 
 log = logging.getLogger(__name__)
 
 WINDOW_TITLE = "DeskEye overlay"
-ASK_TITLE = "DeskEye - ask"
+ASK_TITLE = "Ask DeskEye"
 THINKING_TEXT = "thinking…"
 POLL_MS = 50                  # how often the Tk thread reads its command queue
 RELIFT_MS = 1000              # re-raise while shown, so it stays above newly opened windows
 FADE_STEPS = 8
 FADE_STEP_MS = 50
 PAD_PX = 10
-COLOURS = {"answer": "#1f2430", "thinking": "#27304a", "error": "#5a1f24", "notice": "#3a3a3a"}
-HEADINGS = {"answer": "DeskEye", "thinking": "DeskEye · thinking…", "error": "DeskEye · error",
-            "notice": "DeskEye"}
+MIN_HEIGHT_PX = 40
+
+
+class Kind(enum.StrEnum):
+    ANSWER = "answer"
+    THINKING = "thinking"
+    ERROR = "error"
+    NOTICE = "notice"
+
+
+COLOURS = {Kind.ANSWER: "#1f2430", Kind.THINKING: "#27304a", Kind.ERROR: "#5a1f24", Kind.NOTICE: "#3a3a3a"}
+HEADINGS = {Kind.ANSWER: "DeskEye", Kind.THINKING: "DeskEye · thinking…", Kind.ERROR: "DeskEye · error",
+            Kind.NOTICE: "DeskEye"}
 
 
 @dataclass(frozen=True)
 class OverlayContent:
-    kind: str                          # "answer" | "thinking" | "error" | "notice"
+    kind: Kind
     summary: str
     key_objects: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", Kind(self.kind))
+        object.__setattr__(self, "key_objects", tuple(self.key_objects))
 
 
 class Overlay:
     def __init__(self, settings: OverlaySettings, monitor: Rect | None = None, *,
-                 on_shown: Callable[[OverlayContent | None], None] = lambda content: None):
+                 on_shown: Callable[[OverlayContent | None], None] = lambda content: None,
+                 menu_actions: MenuActions | None = None, own_windows=None):
         self.settings = settings
         self.monitor = monitor                 # None = the whole X screen
         self.on_shown = on_shown               # called on the Tk thread with what is now shown (None = hidden)
+        self.menu_actions = menu_actions       # None = no right-click menu
+        self.own_windows = own_windows         # deskeye.x11_windows.OwnWindows: our windows are masked out
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -76,23 +100,16 @@ class Overlay:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def show_answer(self, summary: str, key_objects: list[str] | tuple[str, ...] = ()) -> None:
-        self._post(lambda: self._render(OverlayContent("answer", summary, tuple(key_objects))))
-
-    def show_thinking(self, text: str = THINKING_TEXT) -> None:
-        self._post(lambda: self._render(OverlayContent("thinking", text)))
-
-    def show_error(self, message: str) -> None:
-        self._post(lambda: self._render(OverlayContent("error", message)))
-
-    def show_notice(self, message: str) -> None:
-        self._post(lambda: self._render(OverlayContent("notice", message)))
+    def show(self, content: OverlayContent) -> None:
+        """Show `content` (replacing what is shown; the same kind with longer text grows a streamed answer)."""
+        self._post(lambda: self._render(content))
 
     def hide(self) -> None:
         self._post(self._withdraw)
 
     def open_ask_dialog(self, on_submit: Callable[[str], None]) -> None:
-        """A small entry window; `on_submit(question)` runs on the Tk thread, so it must only enqueue."""
+        """The Ask box near the overlay; Enter calls `on_submit(question)` on the Tk thread (it must only
+        enqueue), Esc closes it."""
         self._post(lambda: self._open_ask(on_submit))
 
     def call_in_tk(self, fn: Callable[[], None]) -> None:
@@ -152,7 +169,7 @@ class Overlay:
         import tkinter as tk
         root = tk.Tk(className="DeskEye")
         root.withdraw()
-        window = tk.Toplevel(root, takefocus=0)
+        window = tk.Toplevel(root, takefocus=0, class_="DeskEye")
         window.withdraw()
         window.title(WINDOW_TITLE)
         window.overrideredirect(True)
@@ -169,9 +186,16 @@ class Overlay:
                            font=(font[0], max(self.settings.font_size - 1, 7)))
         for label in (heading, summary, objects):
             label.pack(fill="x", anchor="w")
+        for widget in (window, frame, heading, summary, objects):
+            widget.bind("<Button-3>", lambda event: self._popup_menu(event.x_root, event.y_root))
         window.update_idletasks()
+        self._register(window.wm_frame())
         self._tk = {"tk": tk, "root": root, "window": window, "frame": frame, "heading": heading,
                     "summary": summary, "objects": objects}
+
+    def _register(self, window_id: str | int) -> None:
+        if self.own_windows is not None:
+            self.own_windows.register(int(window_id, 16) if isinstance(window_id, str) else window_id)
 
     def _poll(self) -> None:
         root = self._tk["root"]
@@ -208,14 +232,19 @@ class Overlay:
         shown_objects = tuple(o[2:] for o in objects_text.split("   ")) if objects_text else ()
         self._set_shown(OverlayContent(content.kind, tk["summary"].cget("text"), shown_objects))
 
+    def _area(self, widget) -> Rect:
+        """The monitor, less the panels (the X work area), as far as it is known."""
+        area = self.monitor or Rect(0, 0, widget.winfo_screenwidth(), widget.winfo_screenheight())
+        from deskeye.x11_windows import work_area
+        return (work_area() or area).clip(area) or area
+
     def _place(self, window) -> None:
         window.update_idletasks()
-        area = self.monitor or Rect(0, 0, window.winfo_screenwidth(), window.winfo_screenheight())
-        width = self.settings.width_px
-        height = max(self._tk["frame"].winfo_reqheight(), 40)
-        x = area.left + area.width - width - self.settings.margin_px
-        y = area.top + self.settings.margin_px
-        window.geometry(f"{width}x{height}+{x}+{y}")
+        s = self.settings
+        height = max(self._tk["frame"].winfo_reqheight(), MIN_HEIGHT_PX)
+        rect = overlay_rect(self._area(window), s.width_px, height, s.margin_px, s.position)
+        window.geometry(f"{rect.width}x{rect.height}+{rect.left}+{rect.top}")
+        self._tk["height"] = rect.height
 
     def _schedule_relift(self) -> None:
         window = self._tk["window"]
@@ -261,7 +290,7 @@ class Overlay:
             self._tk["ask"].lift()
             self._tk["ask_entry"].focus_force()
             return
-        dialog = tk.Toplevel(self._tk["root"])
+        dialog = tk.Toplevel(self._tk["root"], class_="DeskEye")
         dialog.title(ASK_TITLE)
         dialog.attributes("-topmost", True)
         tk.Label(dialog, text="Ask DeskEye about your screen:", anchor="w").pack(fill="x", padx=8, pady=(8, 2))
@@ -270,6 +299,8 @@ class Overlay:
 
         def close(_event=None):
             self._tk["ask"] = self._tk["ask_entry"] = None
+            if self.own_windows is not None:
+                self.own_windows.unregister(int(dialog.wm_frame(), 16))
             dialog.destroy()
 
         def submit(_event=None):
@@ -281,9 +312,39 @@ class Overlay:
         entry.bind("<Return>", submit)
         entry.bind("<Escape>", close)
         dialog.protocol("WM_DELETE_WINDOW", close)
-        area = self.monitor or Rect(0, 0, dialog.winfo_screenwidth(), dialog.winfo_screenheight())
-        dialog.geometry(f"+{area.left + area.width - self.settings.width_px - self.settings.margin_px}"
-                        f"+{area.top + self.settings.margin_px + 140}")
+        s = self.settings
+        x, y = ask_box_origin(self._area(dialog), s.width_px, s.margin_px, s.position,
+                              self._tk.get("height", MIN_HEIGHT_PX))
+        dialog.geometry(f"+{x}+{y}")
         self._tk["ask"], self._tk["ask_entry"] = dialog, entry
         dialog.update_idletasks()
+        self._register(dialog.wm_frame())
         entry.focus_force()
+
+    def _popup_menu(self, x_root: int, y_root: int) -> None:
+        """DeskEye's menu at the pointer (right-click on the overlay); Tk thread only."""
+        if self.menu_actions is None:
+            return
+        tk = self._tk["tk"]
+        old = self._tk.get("menu")
+        if old is not None:
+            if self.own_windows is not None:
+                self.own_windows.unregister(old.winfo_id())
+            old.destroy()
+        menu = tk.Menu(self._tk["root"], tearoff=0)
+        for entry in menu_entries(self.menu_actions):
+            menu.add_command(label=entry.label, command=lambda action=entry.action: self._run_action(action))
+        self._tk["menu"] = menu
+        menu.update_idletasks()
+        self._register(menu.winfo_id())
+        try:
+            menu.tk_popup(x_root, y_root)
+        finally:
+            menu.grab_release()
+
+    @staticmethod
+    def _run_action(action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception:
+            log.exception("menu action failed")

@@ -2,8 +2,10 @@
 
 The active window's title comes from the X server (python-xlib): `_NET_ACTIVE_WINDOW` when a window
 manager publishes it, else the input-focus window (walking up to the window that has a name), else
-the top-level window under the pointer (no window manager: focus follows the pointer). Frames taken
-while an excluded title is active are dropped before any request is made.
+the top-level window under the pointer (no window manager: focus follows the pointer). DeskEye also does
+not look while a window with an excluded title is visible anywhere in the watched region, even when it is
+not active (a one-shot `deskeye describe --region` runs from a terminal, which is the active window).
+Frames are refused before any request is made; the app and the one-shot commands give the same reason.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ XDOTOOL_TIMEOUT_S = 2.0
 @dataclass(frozen=True)
 class PrivacyVerdict:
     is_excluded: bool
-    title: str | None          # the active window's title, None when unknown
+    title: str | None          # the excluded window's title (else the active one's), None when unknown
     matched: str = ""          # the exclusion entry that matched
+    where: str = "the active window"   # or "a window in the watched region"
 
     @property
     def reason(self) -> str:
-        return (f"DeskEye is not looking: the active window ({self.title!r}) matches the exclusion "
-                f"entry {self.matched!r}.") if self.is_excluded else ""
+        return (f"DeskEye is not looking: {self.where} ({self.title!r}) matches the exclusion entry "
+                f"{self.matched!r}. Nothing was captured or sent.") if self.is_excluded else ""
 
 
 def matching_exclusion(title: str | None, excluded_titles: list[str]) -> str:
@@ -41,10 +44,19 @@ def matching_exclusion(title: str | None, excluded_titles: list[str]) -> str:
     return next((entry for entry in excluded_titles if entry and entry.casefold() in lowered), "")
 
 
-def check_privacy(excluded_titles: list[str], title_reader=None) -> PrivacyVerdict:
+def check_privacy(excluded_titles: list[str], title_reader=None, *, region=None, windows=()) -> PrivacyVerdict:
+    """Excluded when the active window's title matches, or when one of `windows` (deskeye.x11_windows.XWindow)
+    that is not DeskEye's own and overlaps `region` (a Rect) does."""
     title = (title_reader or active_window_title)()
     matched = matching_exclusion(title, excluded_titles)
-    return PrivacyVerdict(bool(matched), title, matched)
+    if matched:
+        return PrivacyVerdict(True, title, matched)
+    if region is not None:
+        for window in windows:
+            entry = "" if window.is_own else matching_exclusion(window.title, excluded_titles)
+            if entry and window.rect.intersects(region):
+                return PrivacyVerdict(True, window.title, entry, "a window in the watched region")
+    return PrivacyVerdict(False, title)
 
 
 def active_window_title() -> str | None:

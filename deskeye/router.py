@@ -1,7 +1,7 @@
 """Query routing: which tier answers a typed question — quick (no model), standard (model), deep (long).
 
 A scikit-learn LinearSVC over character n-gram TF-IDF (`char_wb`, 1–4 grams): no tokenizer, so
-Chinese and English queries work alike. It is trained from `rules/router_queries.tsv` (one
+Chinese and English queries work alike. It is trained from `deskeye/rules/router_queries.tsv` (one
 `tier<TAB>query` per line) on first use — about a second — and cached as a pickle in the user's
 cache dir, keyed by a hash of the data file (and the scikit-learn version), so an edited file
 retrains and an unchanged one loads at once. Nothing happens at import.

@@ -16,7 +16,13 @@ from typing import Any, get_args, get_origin
 
 from deskeye.errors import SettingsError
 
-REPO_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+
+
+def package_rules_dir() -> Path:
+    """DeskEye's router data and default hooks, shipped inside the package (works from a built wheel)."""
+    from importlib.resources import files
+    return Path(str(files("deskeye") / "rules"))
+
 
 DEFAULT_EXCLUDED_TITLES = [
     "1Password", "Bitwarden", "KeePass", "KeePassXC", "LastPass", "Dashlane", "Keeper", "Enpass",
@@ -29,7 +35,9 @@ class CaptureSettings:
     monitor: int = 1                  # 1 = primary; 0 = all monitors stitched; 2.. = others (mss numbering)
     region: str = ""                  # "X,Y,W,H" in pixels from the monitor's top-left; "" = 800x600 centred
     interval_s: float = 3.0           # seconds between grabs
-    change_threshold: int = 12        # max grey-level difference (0-255) on a 64x48 thumbnail that counts as change
+    change_threshold: int = 12        # grey-level difference (0-255) of a 64x48 thumbnail cell that counts as changed
+    min_changed_percent: float = 0.8  # a change over at least this % of the cells is described at once
+    small_change_interval_s: float = 60.0   # a smaller change (clock, cursor, spinner) at most this often; 0 = never
     excluded_titles: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDED_TITLES))
     extra_excluded_titles: list[str] = field(default_factory=list)   # the user's additions
     debug_save_frames_dir: str = ""   # "" = never write a screenshot to disk
@@ -40,6 +48,11 @@ class CaptureSettings:
         _check(self.interval_s >= 0.2, "capture.interval_s", "a number of seconds >= 0.2", value=self.interval_s)
         _check(0 <= self.change_threshold <= 255, "capture.change_threshold", "an integer from 0 to 255",
                value=self.change_threshold)
+        _check(0 <= self.min_changed_percent <= 100, "capture.min_changed_percent", "a percentage from 0 to 100",
+               value=self.min_changed_percent)
+        _check(self.small_change_interval_s >= 0, "capture.small_change_interval_s",
+               "a number of seconds >= 0 (0 = small changes are never described on their own)",
+               value=self.small_change_interval_s)
         if self.region:
             parse_region(self.region, key="capture.region")
 
@@ -48,6 +61,17 @@ class CaptureSettings:
 class HotkeySettings:
     describe: str = "<ctrl>+<alt>+d"   # pynput GlobalHotKeys syntax
     pause: str = "<ctrl>+<alt>+p"
+    ask: str = "<ctrl>+<alt>+a"        # opens the Ask box
+
+    def __post_init__(self):
+        from deskeye.hotkey_syntax import check_hotkey
+        seen: dict[str, str] = {}
+        for name in ("describe", "pause", "ask"):
+            canonical = check_hotkey(getattr(self, name), f"hotkeys.{name}")
+            if canonical in seen:
+                raise SettingsError(f"hotkeys.{name} and hotkeys.{seen[canonical]} are the same key combination "
+                                    f"({getattr(self, name)!r}); give each its own.")
+            seen[canonical] = name
 
 
 @dataclass
@@ -57,11 +81,15 @@ class OverlaySettings:
     width_px: int = 420
     margin_px: int = 16
     font_size: int = 11
+    position: str = "bottom-right"    # corner of the monitor: bottom-right | top-right | bottom-left | top-left
 
     def __post_init__(self):
         _check(self.fade_after_s >= 0, "overlay.fade_after_s", "a number of seconds >= 0", value=self.fade_after_s)
         _check(0.1 <= self.alpha <= 1.0, "overlay.alpha", "a number from 0.1 to 1.0", value=self.alpha)
         _check(self.width_px >= 120, "overlay.width_px", "an integer >= 120", value=self.width_px)
+        _check(self.margin_px >= 0, "overlay.margin_px", "an integer >= 0", value=self.margin_px)
+        from deskeye.placement import POSITIONS
+        _check(self.position in POSITIONS, "overlay.position", " | ".join(POSITIONS), value=self.position)
 
 
 ENGINES = ("auto", "ocr", "transformers")
@@ -104,7 +132,7 @@ class MemorySettings:
 
 @dataclass
 class RouterSettings:
-    data_dir: str = ""                # "" = DeskEye's rules/ folder
+    data_dir: str = ""                # "" = the router data shipped with DeskEye (deskeye/rules/)
     min_confidence: float = 0.0       # below this a quick/deep verdict falls back to standard
 
     def __post_init__(self):
@@ -159,7 +187,7 @@ class Settings:
 
     @property
     def rules_dir(self) -> Path:
-        return Path(self.router.data_dir).expanduser() if self.router.data_dir else REPO_RULES_DIR
+        return Path(self.router.data_dir).expanduser() if self.router.data_dir else package_rules_dir()
 
     @property
     def excluded_titles(self) -> list[str]:

@@ -34,8 +34,13 @@ DESCRIPTIONS = {
     "capture.monitor": "Monitor to capture: 1 = primary, 2.. = others, 0 = all monitors stitched together.",
     "capture.region": 'Screen region "X,Y,W,H" in pixels; "" = an 800x600 region centred on the monitor.',
     "capture.interval_s": "Seconds between grabs (>= 0.2).",
-    "capture.change_threshold": "How different a frame must be to count as changed: the largest grey-level "
-                                "difference (0-255) on a 64x48 thumbnail. Unchanged frames are skipped.",
+    "capture.change_threshold": "How much a cell of the 64x48 grey thumbnail must move (grey levels, 0-255) to "
+                                "count as changed. Unchanged frames are skipped.",
+    "capture.min_changed_percent": "A change over at least this percentage of the thumbnail's cells (about one "
+                                   "line of text at 0.8) is described at once.",
+    "capture.small_change_interval_s": "A smaller change (a clock, a cursor, a spinner) is described at most this "
+                                       "often, in seconds; 0 = never on its own. Hotkey describes are always "
+                                       "immediate.",
     "capture.excluded_titles": "Never capture while the active window's title contains one of these "
                                "(password managers, private browsing).",
     "capture.extra_excluded_titles": "Your own additions to excluded_titles.",
@@ -43,10 +48,13 @@ DESCRIPTIONS = {
                                      "a screenshot to disk.",
     "hotkeys.describe": "Describe the region now.",
     "hotkeys.pause": "Pause / resume the capture loop.",
+    "hotkeys.ask": "Open the Ask box (type a question, Enter to ask, Esc to close).",
     "overlay.fade_after_s": "Hide the answer after this many seconds; 0 = keep it until the next one.",
     "overlay.alpha": "Window opacity, 0.1-1.0 (blending needs a compositor).",
     "overlay.width_px": "Window width in pixels (>= 120).",
     "overlay.margin_px": "Distance from the screen corner in pixels.",
+    "overlay.position": "Corner of the monitor (inside the panels' work area): bottom-right | top-right | "
+                        "bottom-left | top-left. The default capture region keeps out of that side's column.",
     "overlay.font_size": "Font size in points.",
     "worker.engine": 'auto = the model below if one is set and loads, else OCR; "ocr" = text recognition only '
                      '(CPU, no model); "transformers" = the model, or fail.',
@@ -66,7 +74,7 @@ DESCRIPTIONS = {
     "worker.max_tokens": "Longest answer, in tokens (>= 16).",
     "worker.ground_with_ocr": "Also give the model the text OCR reads on the frame.",
     "memory.turns": "(question, answer) turns carried into the next prompt, 0-20.",
-    "router.data_dir": 'Folder with the router\'s training data; "" = DeskEye\'s rules/ folder.',
+    "router.data_dir": 'Folder with the router\'s training data; "" = the data shipped with DeskEye (deskeye/rules/).',
     "router.min_confidence": "Below this confidence a quick or deep verdict falls back to standard.",
     "providers.calendar_ics": 'An .ics file for "next meeting" and "am I free at 4pm"; "" = none.',
     "providers.imap_host": 'IMAP server for "any new mail?"; "" = none.',

@@ -1,48 +1,56 @@
-"""The tray icon (pystray): Describe now, Ask…, Pause/Resume, Open settings, Quit; the icon shows the state.
+"""The tray icon: Describe now, Ask…, Pause/Resume, Open settings, Quit (deskeye/menu.py); it shows the state.
 
-pystray runs its own loop, so the icon lives on a daemon thread and its `stop()` is best-effort (on the
-plain X backend it is unreliable and there is no menu at all). The menu only calls the plain
-functions of `TrayActions`, which is what tests call directly.
+On Linux the icon is GTK 3 through PyGObject, on its own thread (`deskeye-tray`), which runs the GLib main
+loop and is the only thread that touches GTK: `set_state` and `stop` post to it with `GLib.idle_add`.
+- With a StatusNotifierItem host (KDE, GNOME + AppIndicator extension) it is an Ayatana AppIndicator;
+- otherwise an XEmbed icon (`Gtk.StatusIcon`: trayer, tint2, stalonetray, xfce/mate panels). GTK follows
+  the tray selection, so the icon docks again by itself when the tray host restarts or another one starts.
+Left or right click opens the menu. Without a tray host, or without PyGObject, it says so once and the
+app keeps working: the hotkeys, the Ask box and a right-click on the overlay give the same menu.
+Elsewhere (macOS, Windows) pystray shows it.
 """
 
 from __future__ import annotations
 
-import gc
+import enum
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
-from dataclasses import dataclass
+import warnings
 from pathlib import Path
 from typing import Callable
 
 from PIL import Image, ImageDraw
 
 from deskeye.errors import DeskEyeError
+from deskeye.menu import MenuActions, menu_entries
 
 log = logging.getLogger(__name__)
 
-IDLE, BUSY, PAUSED, WORKER_DOWN = "idle", "busy", "paused", "worker down"
+
+
+class TrayState(enum.StrEnum):
+    IDLE = "idle"
+    BUSY = "busy"
+    PAUSED = "paused"
+    WORKER_DOWN = "worker down"
+
+
+IDLE, BUSY, PAUSED, WORKER_DOWN = TrayState.IDLE, TrayState.BUSY, TrayState.PAUSED, TrayState.WORKER_DOWN
 STATE_COLOURS = {IDLE: "#3aa655", BUSY: "#2f7fd8", PAUSED: "#8a8a8a", WORKER_DOWN: "#d64545"}
 ICON_SIZE_PX = 64
-STOP_WAIT_S = 1.0
-
-
-def _noop() -> None:
-    pass
-
-
-@dataclass
-class TrayActions:
-    """What the menu does. Each is a plain function that returns at once (it only enqueues work)."""
-    describe_now: Callable[[], None] = _noop
-    ask: Callable[[], None] = _noop
-    toggle_pause: Callable[[], None] = _noop
-    open_settings: Callable[[], None] = _noop
-    quit: Callable[[], None] = _noop
-    is_paused: Callable[[], bool] = lambda: False
+STOP_WAIT_S = 5.0
+TrayActions = MenuActions          # what the menu does (deskeye/menu.py)
+NO_GTK_MESSAGE = ("The tray icon needs PyGObject with GTK 3 ({error}); scripts/run.sh installs both. Meanwhile "
+                  "use the hotkeys ({ask} opens the Ask box) or right-click the overlay for the menu.")
+NO_HOST_MESSAGE = ("No system tray is running (no XEmbed tray owns _NET_SYSTEM_TRAY_S0 and no "
+                   "StatusNotifierWatcher is on the session bus): the DeskEye icon appears as soon as a panel "
+                   "with a tray starts. Meanwhile use the hotkeys ({ask} opens the Ask box) or right-click the "
+                   "overlay for the menu.")
 
 
 def draw_icon(state: str, size_px: int = ICON_SIZE_PX) -> Image.Image:
@@ -62,85 +70,180 @@ def draw_icon(state: str, size_px: int = ICON_SIZE_PX) -> Image.Image:
     return image
 
 
-class _NoSystemTrayFilter(logging.Filter):
-    """Without a system tray (no panel, plain X), pystray logs "Failed to dock icon" with a traceback on
-    every icon update. Say it once, plainly, instead; the hotkeys and the overlay work without a tray."""
-
-    def __init__(self):
-        super().__init__()
-        self.has_warned = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage() != "Failed to dock icon":
-            return True
-        if not self.has_warned:
-            self.has_warned = True
-            log.warning("No system tray found: the DeskEye icon is not shown. The hotkeys work; "
-                        "start a panel with a system tray to get the menu.")
-        return False
-
-
-_NO_TRAY_FILTER = _NoSystemTrayFilter()
-
-
 class Tray:
-    def __init__(self, actions: TrayActions):
-        self.actions = actions
-        self.state = IDLE
-        self._icon = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+    """The icon and its menu, owned by one thread. `start`, `set_state` and `stop` may be called from any thread."""
 
-    def start(self) -> None:
-        import pystray
-        logging.getLogger("pystray._base").addFilter(_NO_TRAY_FILTER)     # adding it twice is a no-op
-        menu = pystray.Menu(
-            pystray.MenuItem("Describe now", lambda: self.actions.describe_now(), default=True),
-            pystray.MenuItem("Ask…", lambda: self.actions.ask()),
-            pystray.MenuItem(lambda item: "Resume" if self.actions.is_paused() else "Pause",
-                             lambda: self.actions.toggle_pause()),
-            pystray.MenuItem("Open settings", lambda: self.actions.open_settings()),
-            pystray.MenuItem("Quit", lambda: self.actions.quit()),
-        )
-        self._icon = pystray.Icon("deskeye", draw_icon(self.state), self._title(), menu=menu)
+    def __init__(self, actions: MenuActions, *, ask_hotkey: str = "<ctrl>+<alt>+a"):
+        self.actions = actions
+        self.ask_hotkey = ask_hotkey
+        self.state = IDLE
+        self.backend = ""                    # "appindicator" | "statusicon" | "pystray" | "none", once started
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._lock = threading.Lock()
+        self._glib = None                    # the GLib module, set by the tray thread once its loop can run
+        self._gtk: dict = {}                 # GTK objects: touched only by the tray thread
+        self._pystray_icon = None
+
+    def start(self, timeout_s: float = 10.0) -> None:
         self._thread = threading.Thread(target=self._run, name="deskeye-tray", daemon=True)
         self._thread.start()
+        self._started.wait(timeout_s)
 
-    def set_state(self, state: str) -> None:
-        with self._lock:                     # called from the job, hotkey and supervisor threads
-            self._set_state(state)
-
-    def _set_state(self, state: str) -> None:
-        self.state = state
-        icon = self._icon
-        if icon is not None:
-            try:
-                icon.icon = draw_icon(state)
-                icon.title = self._title()
-                icon.update_menu()
-            except Exception as exc:     # the backend may not support updates before it runs
-                log.debug("tray update failed: %s", exc)
+    def set_state(self, state: TrayState) -> None:
+        with self._lock:
+            self.state = TrayState(state)
+            glib = self._glib
+        if glib is not None:
+            glib.idle_add(self._apply_state)
 
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
-        icon, self._icon = self._icon, None
-        if icon is None:
-            return
-        stopper = threading.Thread(target=icon.stop, name="deskeye-tray-stop", daemon=True)
-        stopper.start()
-        stopper.join(timeout_s)
-        if self._thread is not None:
+        with self._lock:
+            glib, self._glib = self._glib, None
+        if glib is not None:
+            glib.idle_add(self._quit_loop)
+        elif self._pystray_icon is not None:
+            threading.Thread(target=self._pystray_icon.stop, name="deskeye-tray-stop", daemon=True).start()
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
-        del icon, stopper
-        gc.collect()        # pystray's icon closes its X connection when collected: now, while X is still up
 
-    def _title(self) -> str:
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def title(self) -> str:
         return f"DeskEye ({self.state})"
+
+    # ------------------------------------------------------------ the tray thread
 
     def _run(self) -> None:
         try:
-            self._icon.run()
+            if sys.platform.startswith("linux"):
+                self._run_gtk()
+            else:
+                self._run_pystray()
         except Exception:
             log.exception("The tray icon stopped; the hotkeys and the overlay keep working")
+        finally:
+            self._started.set()
+
+    def _run_gtk(self) -> None:
+        from deskeye.tray_host import TrayHost, find_tray_host
+        try:
+            gtk, glib = _import_gtk()
+        except (ImportError, ValueError) as exc:          # no PyGObject, or no GTK 3 typelib
+            self.backend = "none"
+            log.warning(NO_GTK_MESSAGE.format(error=exc, ask=self.ask_hotkey))
+            return
+        host = find_tray_host()
+        if host is TrayHost.NONE:
+            log.warning(NO_HOST_MESSAGE.format(ask=self.ask_hotkey))
+        self._gtk = {"Gtk": gtk, "icon_dir": Path(tempfile.mkdtemp(prefix="deskeye-tray-"))}
+        if host is TrayHost.SNI and self._make_indicator():
+            self.backend = "appindicator"
+        else:
+            self._make_status_icon()
+            self.backend = "statusicon"
+        self._apply_state()
+        with self._lock:
+            self._glib = glib
+        self._started.set()
+        try:
+            gtk.main()
+        finally:
+            shutil.rmtree(self._gtk["icon_dir"], ignore_errors=True)
+            self._gtk.clear()
+
+    def _make_status_icon(self) -> None:
+        gtk = self._gtk["Gtk"]
+        icon = gtk.StatusIcon()
+        icon.connect("activate", lambda _icon: self._popup_menu(0))
+        icon.connect("popup-menu", lambda _icon, button, _time: self._popup_menu(button))
+        icon.connect("notify::embedded", lambda _icon, _spec: log.info(
+            "tray icon %s", "docked in the system tray" if icon.is_embedded() else "not docked"))
+        self._gtk["status_icon"] = icon
+
+    def _make_indicator(self) -> bool:
+        try:
+            import gi
+            gi.require_version("AyatanaAppIndicator3", "0.1")
+            from gi.repository import AyatanaAppIndicator3 as indicator_lib
+        except (ImportError, ValueError) as exc:
+            log.info("no Ayatana AppIndicator (%s): using an XEmbed tray icon", exc)
+            return False
+        indicator = indicator_lib.Indicator.new("deskeye", "", indicator_lib.IndicatorCategory.APPLICATION_STATUS)
+        indicator.set_status(indicator_lib.IndicatorStatus.ACTIVE)
+        self._gtk["indicator"] = indicator
+        return True
+
+    def _apply_state(self) -> bool:
+        """On the tray thread: the icon, tooltip and (for the AppIndicator) menu for the current state."""
+        gtk = self._gtk
+        if not gtk:
+            return False
+        path = gtk["icon_dir"] / f"{self.state.name.lower()}.png"
+        if not path.exists():
+            draw_icon(self.state).save(path)
+        if "status_icon" in gtk:
+            gtk["status_icon"].set_from_file(str(path))
+            gtk["status_icon"].set_tooltip_text(self.title())
+            gtk["status_icon"].set_title(self.title())
+        else:
+            gtk["indicator"].set_icon_full(str(path), self.title())
+            gtk["indicator"].set_title(self.title())
+            gtk["indicator"].set_menu(self._build_menu())
+        return False                          # run once
+
+    def _build_menu(self):
+        gtk = self._gtk["Gtk"]
+        menu = gtk.Menu()
+        for entry in menu_entries(self.actions):
+            item = gtk.MenuItem(label=entry.label)
+            item.connect("activate", lambda _item, action=entry.action: _call(action))
+            menu.append(item)
+        menu.show_all()
+        self._gtk["menu"] = menu              # kept alive while shown
+        return menu
+
+    def _popup_menu(self, button: int) -> None:
+        gtk = self._gtk["Gtk"]
+        menu = self._build_menu()
+        menu.popup(None, None, gtk.StatusIcon.position_menu, self._gtk["status_icon"], button,
+                   gtk.get_current_event_time())
+
+    def _quit_loop(self) -> bool:
+        gtk = self._gtk
+        if "status_icon" in gtk:
+            gtk["status_icon"].set_visible(False)
+        if "menu" in gtk:
+            gtk["menu"].destroy()
+        gtk["Gtk"].main_quit()
+        return False
+
+    def _run_pystray(self) -> None:
+        import pystray
+        items = [pystray.MenuItem(e.label, lambda _icon, _item, a=e.action: _call(a)) for e in
+                 menu_entries(self.actions)]
+        self._pystray_icon = pystray.Icon("deskeye", draw_icon(self.state), self.title(), menu=pystray.Menu(*items))
+        self.backend = "pystray"
+        self._started.set()
+        self._pystray_icon.run()
+
+
+def _import_gtk():
+    import gi
+    gi.require_version("Gtk", "3.0")
+    from gi.repository import GLib, Gtk
+    # Gtk.StatusIcon is deprecated in GTK 3 yet it is what XEmbed trays (trayer, tint2, ...) understand.
+    warnings.filterwarnings("ignore", message=r"Gtk\.StatusIcon\.", category=DeprecationWarning)
+    return Gtk, GLib
+
+
+def _call(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:                 # a menu action must not end the tray's loop
+        log.exception("menu action failed")
 
 
 def opener_argv(path: Path) -> list[str]:

@@ -21,6 +21,10 @@ deskeye_env() {
     echo "$want" > "$stamp"
 }
 
+# The tray's system packages: GTK 3 and Ayatana AppIndicator typelibs at run time, and the headers pip
+# builds PyGObject (the [tray] extra) against. PyGObject < 3.51 uses girepository-1.0, which Debian 12 has.
+DESKEYE_TRAY_APT="gir1.2-gtk-3.0 gir1.2-ayatanaappindicator3-0.1 libgirepository1.0-dev libcairo2-dev pkg-config gcc python3-dev"
+
 # System packages the desktop app needs (X display tools, Tk, fonts). Installs only what is missing.
 deskeye_apt() {
     local missing=()

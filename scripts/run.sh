@@ -2,5 +2,12 @@
 # DeskEye's main job: set up (first time only) and start the tray app. Arguments go to `deskeye run`.
 # With no model configured it uses the built-in OCR engine: no GPU, no torch, nothing downloaded.
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-deskeye_env ""
+# The tray icon and its menu need GTK 3 through PyGObject (built by pip against these; as root or with sudo).
+# Set DESKEYE_NO_TRAY=1 to skip them: DeskEye then runs without an icon (hotkeys, Ask box, overlay menu).
+if [ -z "${DESKEYE_NO_TRAY:-}" ] && command -v apt-get >/dev/null; then
+    deskeye_apt $DESKEYE_TRAY_APT
+    deskeye_env "tray"
+else
+    deskeye_env ""
+fi
 exec "$VENV/bin/deskeye" run "$@"

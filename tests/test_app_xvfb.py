@@ -20,7 +20,7 @@ import urllib.request
 import psutil
 import pytest
 
-from deskeye.app import App
+from deskeye.app import App, build_app
 from deskeye.overlay import ASK_TITLE, WINDOW_TITLE
 from deskeye.settings import settings_from_dict
 from inference_worker.metrics import parse_metrics
@@ -107,7 +107,7 @@ def desktop(xdisplay, tmp_path_factory):
         "worker": {"engine": "ocr", "startup_timeout_s": 90.0, "request_timeout_s": 60.0},
         "hooks": {"dry_run": True},
     }, config_dir=home / "config")
-    app = App(settings)
+    app = build_app(settings)
     app.start()
     try:
         yield app, window
@@ -138,7 +138,7 @@ def test_an_unchanged_screen_sends_no_request_and_a_changed_line_sends_one(deskt
     assert "Costs were cut by a third" in shown.summary
 
 
-def test_hotkey_shows_the_worker_summary_at_the_top_right_without_taking_focus(desktop, xdisplay):
+def test_hotkey_shows_the_worker_summary_at_the_bottom_right_without_taking_focus(desktop, xdisplay):
     app, window = desktop
     window.focus()
     before = settle(app)
@@ -153,8 +153,9 @@ def test_hotkey_shows_the_worker_summary_at_the_top_right_without_taking_focus(d
     info = subprocess.run(["xwininfo", "-id", window_id], capture_output=True, text=True).stdout
     fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info.splitlines()) if v}
     width = int(fields["Width"])
-    assert int(fields["Absolute upper-left X"]) + width + app.settings.overlay.margin_px == xdisplay.width
-    assert int(fields["Absolute upper-left Y"]) == app.settings.overlay.margin_px
+    margin = app.settings.overlay.margin_px
+    assert int(fields["Absolute upper-left X"]) + width + margin == xdisplay.width
+    assert int(fields["Absolute upper-left Y"]) + int(fields["Height"]) + margin == xdisplay.height
     assert xdotool("getwindowfocus", "getwindowname") == "Report - editor"
 
 

@@ -225,7 +225,7 @@ def test_bad_hook_file_names_the_file_the_rule_and_the_problem(tmp_path, text, r
 
 def test_hooks_check_passes_on_the_shipped_rules(tmp_path, capsys):
     code = deskeye_main(["--settings", str(tmp_path / "none.toml"), "hooks", "check",
-                         "--rules", str(REPO / "rules" / "hooks.toml")])
+                         "--rules", str(REPO / "deskeye" / "rules" / "hooks.toml")])
     lines = capsys.readouterr().out.splitlines()
     assert code == 0
     names = [line.split(":")[0].strip() for line in lines[1:]]
@@ -267,7 +267,7 @@ def test_hooks_fire_command_runs_the_matching_hooks_like_the_app(tmp_path):
 
 def test_hooks_fire_rejects_key_objects_that_are_not_a_json_list(tmp_path, capsys):
     code = deskeye_main(["--settings", str(tmp_path / "none.toml"), "hooks", "fire", "--rules",
-                         str(REPO / "rules" / "hooks.toml"), "--key-objects", '{"a": 1}'])
+                         str(REPO / "deskeye" / "rules" / "hooks.toml"), "--key-objects", '{"a": 1}'])
     assert code == 2 and "JSON list of strings" in capsys.readouterr().err
 
 

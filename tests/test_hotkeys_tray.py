@@ -12,6 +12,7 @@ from deskeye.errors import SettingsError
 from deskeye.hotkeys import Hotkeys
 from deskeye.jobs import AUTO, DESCRIBE, HOTKEY, TRAY, Job, JobQueue
 from deskeye.settings import HotkeySettings
+from deskeye.menu import menu_entries
 from deskeye.tray import BUSY, IDLE, PAUSED, WORKER_DOWN, Tray, TrayActions, draw_icon, opener_argv
 
 
@@ -60,24 +61,46 @@ def test_an_invalid_hotkey_is_a_settings_error_naming_the_key(xdisplay):
         Hotkeys(HotkeySettings(describe="<ctrl>+<bogus>")).start()
 
 
-def test_tray_icon_shows_each_state_and_runs_on_a_daemon_thread(xdisplay):
+def test_the_menu_reads_pause_or_resume_and_calls_the_plain_actions():
+    paused, calls = [False], []
+    actions = TrayActions(toggle_pause=lambda: calls.append("pause"), quit=lambda: calls.append("quit"),
+                          is_paused=lambda: paused[0])
+    assert [e.label for e in menu_entries(actions)] == ["Describe now", "Ask…", "Pause", "Open settings", "Quit"]
+    paused[0] = True
+    entries = {e.label: e for e in menu_entries(actions)}
+    assert "Resume" in entries
+    entries["Resume"].action()
+    entries["Quit"].action()
+    assert calls == ["pause", "quit"]
+
+
+def test_without_a_tray_host_the_tray_says_so_once_and_stops_cleanly(xdisplay, caplog):
+    """The session's bare Xvfb has no tray host: one warning, the icon thread keeps running, state updates
+    go to the tray's own thread, and stop() ends it."""
     images = {state: draw_icon(state).tobytes() for state in (IDLE, BUSY, PAUSED, WORKER_DOWN)}
     assert len(set(images.values())) == 4
-    paused = threading.Event()
-    tray = Tray(TrayActions(toggle_pause=paused.set))
-    tray.start()
+    tray = Tray(TrayActions())
+    applied_on: list[str] = []
+    apply_state = tray._apply_state
+
+    def recording_apply_state():
+        applied_on.append(threading.current_thread().name)
+        return apply_state()
+
+    tray._apply_state = recording_apply_state
+    with caplog.at_level("WARNING", logger="deskeye.tray"):
+        tray.start()
+        for state in (BUSY, IDLE, PAUSED, BUSY, IDLE):
+            tray.set_state(state)                      # from this (the main) thread
+        time.sleep(0.3)
+    assert len(applied_on) >= 5 and set(applied_on) == {"deskeye-tray"}   # GTK is touched on its thread only
     try:
-        thread = next(t for t in threading.enumerate() if t.name == "deskeye-tray")
-        assert thread.daemon
-        tray.set_state(PAUSED)
-        assert tray.state == PAUSED and tray._icon.icon.tobytes() == images[PAUSED]
-        assert tray._icon.title == "DeskEye (paused)"
-        items = {str(item): item for item in tray._icon.menu.items}
-        assert list(items) == ["Describe now", "Ask…", "Pause", "Open settings", "Quit"]
-        items["Pause"](tray._icon)                    # the menu entry calls the plain action
-        assert paused.is_set()
+        warnings = [r.getMessage() for r in caplog.records if r.name == "deskeye.tray"]
+        assert len(warnings) == 1 and "No system tray is running" in warnings[0] and "<ctrl>+<alt>+a" in warnings[0]
+        assert tray.backend == "statusicon" and tray.is_running and tray.state == IDLE
     finally:
         tray.stop()
+    assert not tray.is_running
 
 
 def test_opener_is_an_argv_list_without_a_shell(tmp_path):

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from deskeye.memory import ConversationMemory
-from inference_worker.protocol import Turn, build_messages
+from deskeye.prompt import Turn, build_messages
 
 
 def test_keeps_the_last_turns_oldest_first():

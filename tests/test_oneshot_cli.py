@@ -111,3 +111,87 @@ def test_model_text_cannot_drive_the_terminal():
     from deskeye.client import printable
     assert printable("ok\x1b]0;pwned\x07 \x1b[2J done") == "ok\\x1b]0;pwned\\x07 \\x1b[2J done"
     assert printable("plain text 中文") == "plain text 中文"
+
+
+UNREACHABLE_WORKER = '[worker]\nurl = "http://127.0.0.1:9"\nstartup_timeout_s = 2.0\nrequest_timeout_s = 2.0\n'
+
+
+def test_ask_routes_a_quick_question_without_any_worker(cli, tmp_path):
+    """The settings point at a worker that does not exist: a quick answer must not need one."""
+    (tmp_path / "settings.toml").write_text(UNREACHABLE_WORKER, encoding="utf-8")
+    from datetime import datetime
+    before = datetime.now().astimezone()
+    proc = cli("ask", "what time is it")
+    after = datetime.now().astimezone()
+    assert proc.returncode == 0, proc.stderr
+    assert any(f"{t:%H:%M}" in proc.stdout for t in (before, after)), proc.stdout
+    assert "starting the worker" not in proc.stderr
+    answer = json.loads(cli("ask", "--json", "what time is it").stdout)
+    assert answer["tier"] == "quick" and answer["engine"] == "quick:clock" and ":" in answer["summary"]
+    _no_traceback(proc)
+
+
+def test_ask_next_meeting_without_a_calendar_says_how_to_set_one(cli, tmp_path):
+    (tmp_path / "settings.toml").write_text(UNREACHABLE_WORKER, encoding="utf-8")
+    proc = cli("ask", "when is my next meeting")
+    assert proc.returncode == 1
+    assert "providers.calendar_ics" in proc.stdout
+    _no_traceback(proc)
+
+
+def test_ask_json_reports_the_tier_of_a_model_question(cli, text_image):
+    proc = cli("ask", "--json", "What does the meeting line say?", "--image", str(text_image))
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert set(answer) == KEYS | {"tier"} and answer["tier"] in ("standard", "deep")
+
+
+def test_describe_region_over_an_excluded_window_refuses_with_the_reason(cli, open_window, xdisplay):
+    """The terminal running the command is the active window; the password manager is merely in the region."""
+    open_window("notes", "600x200+100+100", lines=["Deploy window closes Friday"])
+    open_window("KeePassXC - Passwords.kdbx", "300x150+400+150", lines=["hunter2"])
+    proc = cli("describe", "--region", "100,100,700,300", "--json", display=xdisplay.name)
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert ("deskeye: DeskEye is not looking: a window in the watched region ('KeePassXC - Passwords.kdbx') "
+            "matches the exclusion entry 'KeePass'.") in proc.stderr
+    assert "starting the worker" not in proc.stderr
+    proc = cli("ask", "what does this say?", "--region", "100,100,700,300", display=xdisplay.name)
+    assert proc.returncode == 3 and "KeePassXC - Passwords.kdbx" in proc.stderr
+    proc = cli("describe", "--region", "100,100,250,100", "--json", display=xdisplay.name)   # clear of it
+    assert proc.returncode == 0 and "Deploy" in json.loads(proc.stdout)["summary"], proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("describe", "--region", "-5,0,100,100"), "deskeye: --region: width and height must be positive and X,Y not "
+                                               "negative; got '-5,0,100,100'."),
+    (("run", "--model", "/bad/path"), "deskeye: --model /bad/path: no such folder."),
+    (("describe", "--model", "./nowhere", "--image", "x.png"), "deskeye: --model ./nowhere: no such folder."),
+])
+def test_bad_arguments_are_one_clear_line(cli, args, message):
+    proc = cli(*args)
+    assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    _no_traceback(proc)
+
+
+def test_settings_piped_into_head_prints_no_traceback(tmp_path):
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
+    done = subprocess.run(f"{sys.executable} -m deskeye.cli settings | head -1", shell=True, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert done.stdout.startswith("# settings file:") and len(done.stdout.splitlines()) == 1
+    assert done.stderr == ""
+
+
+def test_a_large_image_is_scaled_down_to_what_the_worker_accepts(tmp_path, capsys):
+    from PIL import Image
+
+    from deskeye.oneshot import MAX_IMAGE_PIXELS, load_image_png
+    from inference_worker.config import DEFAULT_MAX_IMAGE_PIXELS
+    assert MAX_IMAGE_PIXELS == DEFAULT_MAX_IMAGE_PIXELS              # the app's copy of the worker's limit
+    path = tmp_path / "big.png"
+    Image.new("RGB", (400, 300), "white").save(path)
+    png = load_image_png(path, max_pixels=30_000)
+    import io
+    with Image.open(io.BytesIO(png)) as small:
+        assert small.width * small.height <= 30_000 and abs(small.width / small.height - 4 / 3) < 0.02
+    assert "scaled down" in capsys.readouterr().err

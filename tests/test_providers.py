@@ -19,8 +19,8 @@ from deskeye.providers import QuickAnswerer, ScreenMemory, pick_provider
 from deskeye.providers import clock as clock_provider
 from deskeye.providers.ics import EventCalendar
 from deskeye.router import find_data_file, load_examples
-from deskeye.settings import REPO_RULES_DIR, ProviderSettings, Settings
-from inference_worker.protocol import Description
+from deskeye.settings import package_rules_dir, ProviderSettings, Settings
+from deskeye.prompt import Description
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NOW = datetime(2025, 6, 4, 14, 5, tzinfo=BERLIN)          # a Wednesday afternoon
@@ -304,7 +304,7 @@ def test_screen_memory_is_thread_safe_and_bounded():
 # ---------------------------------------------------------------- routing to providers
 
 def test_every_quick_query_in_the_router_data_has_a_provider():
-    examples = load_examples(find_data_file(REPO_RULES_DIR))
+    examples = load_examples(find_data_file(package_rules_dir()))
     missing = [e.query for e in examples if e.tier == "quick" and pick_provider(e.query) is None]
     assert missing == []
 
@@ -345,7 +345,7 @@ class NoNet(socket.socket):
 socket.socket = NoNet
 from deskeye.providers import QuickAnswerer, ScreenMemory
 from deskeye.settings import ProviderSettings, Settings
-from inference_worker.protocol import Description
+from deskeye.prompt import Description
 memory = ScreenMemory(); memory.remember(Description("a chart", ["chart"]))
 qa = QuickAnswerer(Settings(providers=ProviderSettings(calendar_ics={str(ics)!r})), memory)
 queries = ["what time is it", "am I free at 4pm", "battery level?", "刚才看到了什么", "今天几号"]

@@ -17,14 +17,14 @@ from deskeye import router as router_module
 from deskeye.cli import main as deskeye_main
 from deskeye.errors import RouterDataError
 from deskeye.router import TIERS, Router, find_data_file, load_examples, score_predictions
-from deskeye.settings import REPO_RULES_DIR, RouterSettings, Settings
+from deskeye.settings import package_rules_dir, RouterSettings, Settings
 
 HELD_OUT_FRACTION = 0.25
 
 
 @pytest.fixture(scope="module")
 def examples():
-    return load_examples(find_data_file(REPO_RULES_DIR))
+    return load_examples(find_data_file(package_rules_dir()))
 
 
 def test_data_is_large_bilingual_and_balanced(examples):
@@ -69,7 +69,7 @@ def test_low_confidence_falls_back_to_standard(examples):
 def _copy_rules(tmp_path: Path) -> Settings:
     rules = tmp_path / "rules"
     rules.mkdir()
-    shutil.copy(REPO_RULES_DIR / "router_queries.tsv", rules)
+    shutil.copy(package_rules_dir() / "router_queries.tsv", rules)
     return Settings(router=RouterSettings(data_dir=str(rules)))
 
 

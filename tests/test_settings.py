@@ -1,6 +1,7 @@
 """Settings file: `deskeye settings [--init]`, and the errors a bad file gives (exit 2, naming the key)."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 import tomllib
@@ -102,3 +103,20 @@ def test_documented_toml_round_trips_non_default_values():
                                                                           ground_with_ocr=True))
     data = tomllib.loads(documented_toml(settings))
     assert data["worker"]["url"] == "http://h:1" and data["worker"]["ground_with_ocr"] is True
+
+
+def test_settings_refuse_the_hotkeys_run_would_refuse(tmp_path):
+    from deskeye.errors import SettingsError
+    from deskeye.settings import HotkeySettings
+    for bad, reason in (("<ctrl>+<bogus>", "<bogus> is not a key name"), ("<ctrl>+<alt>", "only modifier keys"),
+                        ("<ctrl>+", "ends with '+'"), ("ctrl+alt+d", "neither one character"),
+                        ("<ctrl>+a+a", "a key appears twice")):
+        with pytest.raises(SettingsError, match=rf"hotkeys.ask = .* is not a valid hotkey \(.*{re.escape(reason)}"):
+            HotkeySettings(ask=bad)
+    with pytest.raises(SettingsError, match="hotkeys.ask and hotkeys.describe are the same key combination"):
+        HotkeySettings(ask="<alt>+<ctrl>+D")
+    assert HotkeySettings().ask == "<ctrl>+<alt>+a"
+    path = tmp_path / "s.toml"
+    path.write_text('[hotkeys]\npause = "<ctrl>+<nope>"\n')
+    with pytest.raises(SettingsError, match=r"s.toml: hotkeys.pause = '<ctrl>\+<nope>' is not a valid hotkey"):
+        load_settings(path)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from deskeye.providers.base import QueryContext, clock_text, minutes_text
-from inference_worker.protocol import Description
+from deskeye.prompt import Description
 
 NAME = "memory"
 _EN = re.compile(

@@ -1,0 +1,92 @@
+"""The app's own words to the model: system prompt, describe question, the answer schema it asks for,
+and the two data types that carry a conversation (`Turn`) and an answer (`Description`).
+
+Messages are OpenAI chat completions (any OpenAI-compatible server can answer them). The worker keeps
+its own copy of the schema it serves (`inference_worker/protocol.py`); tests/test_prompt.py checks the
+two agree, so the app never imports the worker package. Pure Python: no I/O, nothing at import.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+SUMMARY_MAX_CHARS = 200
+OBJECT_MAX_CHARS = 40
+MAX_KEY_OBJECTS = 8
+
+# Strings bounded by their pattern: grammar engines ignore maxLength when a pattern is set.
+DESKEYE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "summary": {"type": "string", "pattern": f"^[^\\u0000-\\u001f]{{0,{SUMMARY_MAX_CHARS}}}$"},
+        "key_objects": {
+            "type": "array",
+            "items": {"type": "string", "pattern": f"^[^\\u0000-\\u001f]{{1,{OBJECT_MAX_CHARS}}}$"},
+            "maxItems": MAX_KEY_OBJECTS,
+        },
+    },
+    "required": ["summary", "key_objects"],
+    "additionalProperties": False,
+}
+DESKEYE_SCHEMA_NAME = "deskeye_description"
+
+SYSTEM_PROMPT = (
+    "You are DeskEye, a private desktop assistant. You see a region of the user's screen. "
+    "Answer in JSON with a short 'summary' of what is on the screen (or the answer to the question) "
+    "and 'key_objects': the few things on screen that matter."
+)
+DESCRIBE_QUESTION = "What is on this screen?"
+
+
+@dataclass(frozen=True)
+class Turn:
+    question: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Description:
+    summary: str
+    key_objects: list[str]
+
+
+def image_data_url(png: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(png).decode('ascii')}"
+
+
+def build_messages(question: str, image_png: bytes | None, memory: list[Turn] = (),
+                   context: str | None = None) -> list[dict[str, Any]]:
+    """OpenAI-format messages: system prompt, previous turns, then the question with the frame."""
+    system = SYSTEM_PROMPT if not context else f"{SYSTEM_PROMPT}\nText read on the screen:\n{context}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for turn in memory:
+        messages.append({"role": "user", "content": turn.question})
+        messages.append({"role": "assistant", "content": turn.answer})
+    content: list[dict[str, Any]] = []
+    if image_png is not None:
+        content.append({"type": "image_url", "image_url": {"url": image_data_url(image_png)}})
+    content.append({"type": "text", "text": question})
+    messages.append({"role": "user", "content": content})
+    return messages
+
+
+def deskeye_response_format() -> dict[str, Any]:
+    return {"type": "json_schema",
+            "json_schema": {"name": DESKEYE_SCHEMA_NAME, "schema": DESKEYE_SCHEMA, "strict": True}}
+
+
+def parse_description(content: str) -> Description:
+    """Read an answer in DeskEye's schema. Raises ValueError naming what was wrong."""
+    try:
+        data = json.loads(content)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"The model's answer is not JSON ({exc.msg} at char {exc.pos}).") from None
+    if not isinstance(data, dict) or not isinstance(data.get("summary"), str):
+        raise ValueError("The model's answer has no 'summary' string.")
+    objects = data.get("key_objects", [])
+    if not isinstance(objects, list) or not all(isinstance(o, str) for o in objects):
+        raise ValueError("The model's answer has 'key_objects' that is not a list of strings.")
+    return Description(data["summary"], objects)
