@@ -102,14 +102,19 @@ def test_a_timed_out_request_stops_decoding_and_is_not_retried(tiny_idefics3_dir
         with pytest.raises(ServiceError) as timed_out:
             service.answer(endless, timeout_s=0.3)
         assert timed_out.value.status == 504
-        _wait_for(lambda: metrics.engine_calls.value(outcome="cancelled") == 1)
+        _wait_for(lambda: _sample(metrics, "engine_calls_total", outcome="cancelled") == 1)
         after = parse_chat_request(body("Next?", COLORS[1], deskeye_response_format()))
         answer = service.answer(after, timeout_s=120)             # the model thread is free again
     finally:
         service.stop()
     assert answer.finish_reason in ("stop", "length")
-    assert metrics.retries.value() == 0 and metrics.engine_calls.value(outcome="ok") == 1
-    assert metrics.completion_tokens.value() == answer.completion_tokens     # the cancelled row produced no answer
+    assert _sample(metrics, "retries_total") == 0 and _sample(metrics, "engine_calls_total", outcome="ok") == 1
+    assert _sample(metrics, "completion_tokens_total") == answer.completion_tokens   # the cancelled row: no answer
+
+
+def _sample(metrics: WorkerMetrics, name: str, **labels: str) -> float:
+    """The current value of the worker series `deskeye_worker_<name>` with `labels` (0 when never set)."""
+    return metrics.registry.get_sample_value(f"deskeye_worker_{name}", labels) or 0.0
 
 
 def _wait_for(condition, timeout_s: float = 120.0) -> None:
