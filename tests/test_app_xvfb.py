@@ -239,8 +239,8 @@ def test_tray_ask_routes_quick_standard_and_deep_questions(desktop, notification
 
     clear_overlay(app)
     app.ask(STANDARD_QUESTION)                                  # standard: one model call
-    shown = app.overlay.wait_for(lambda s: s is not None and "Costs" in s.summary, 60)
-    assert shown is not None and shown.kind == "answer"
+    shown = app.overlay.wait_for(lambda s: s is not None and s.kind == "answer", 60)   # streamed: after "thinking"
+    assert shown is not None and "Costs" in shown.summary
     assert settle(app) == before + 1
 
     clear_overlay(app)
