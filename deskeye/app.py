@@ -289,7 +289,7 @@ class App:
         frame = job.frame or self._user_frame()
         if frame is None:
             return
-        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns())
+        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(), windows=frame.windows)
         self.change.mark_described(frame.image)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
         self._show("answer", answer.summary, answer.key_objects)   # a changed screen is shown too
@@ -310,7 +310,8 @@ class App:
         max_tokens = None
         if deep:
             max_tokens = min(self.settings.worker.max_tokens * DEEP_MAX_TOKENS_FACTOR, MAX_REQUEST_TOKENS)
-        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens)
+        answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens,
+                                 windows=frame.windows)
         self._remember(job.question, answer)
         self._show("answer", answer.summary, answer.key_objects)
         if deep:

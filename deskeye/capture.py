@@ -48,9 +48,10 @@ class Rect:
 
 @dataclass(frozen=True)
 class Frame:
-    """One grab: the pixels and where on the screen they came from."""
+    """One grab: the pixels, where on the screen they came from, and the windows in it (front first)."""
     image: Image.Image
     rect: Rect
+    windows: tuple = ()           # inference_worker.protocol.WindowFact, from deskeye.window_facts
 
     def png(self) -> bytes:
         return to_png(self.image)
@@ -139,7 +140,7 @@ class ScreenGrabber:
         except mss.ScreenShotError as exc:
             raise CaptureError(f"Screen capture of {rect} failed: {exc}") from None
         image = Image.frombytes("RGB", shot.size, shot.bgra, "raw", "BGRX")
-        return Frame(image, rect)
+        return Frame(image, rect, _window_facts(rect))
 
     def close_thread(self) -> None:
         """Close the calling thread's mss instance (call it at the end of a thread that grabbed)."""
@@ -151,9 +152,20 @@ class ScreenGrabber:
 
 def grab_png(settings: Settings, region: str | tuple | None = None) -> bytes:
     """One PNG of the configured region (or `region`, "X,Y,W,H" relative to the monitor): for one-shot commands."""
+    return grab_frame(settings, region).png()
+
+
+def grab_frame(settings: Settings, region: str | tuple | None = None) -> Frame:
+    """One frame (pixels and window facts) of the configured region, or `region`: for one-shot commands."""
     grabber = ScreenGrabber(settings.capture, region)
     try:
-        return grabber.grab().png()
+        return grabber.grab()
     finally:
         grabber.close_thread()
+
+
+def _window_facts(rect: Rect) -> tuple:
+    """The windows in `rect`, front first (() where X cannot tell: see deskeye.window_facts)."""
+    from deskeye.window_facts import Region, windows_in_region
+    return tuple(windows_in_region(Region(rect.left, rect.top, rect.width, rect.height)))
 

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.settings import Settings
 from deskeye.supervisor import Endpoint, WorkerSupervisor
-from inference_worker.protocol import Turn, build_messages, deskeye_response_format, parse_description
+from inference_worker.protocol import (Turn, WindowFact, build_messages, deskeye_extension, deskeye_response_format,
+                                       parse_description)
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -45,21 +46,24 @@ class WorkerClient:
         self._model_ids: dict[Endpoint, str] = {}
 
     def ask(self, question: str, image_png: bytes | None, memory: list[Turn] = (), *,
-            max_tokens: int | None = None, context: str | None = None) -> Answer:
-        """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use)."""
+            max_tokens: int | None = None, context: str | None = None,
+            windows: "list[WindowFact] | tuple[WindowFact, ...]" = ()) -> Answer:
+        """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use).
+        `windows`: the window facts of the frame (deskeye.window_facts), sent as the request's "deskeye" field."""
         import openai
 
         messages = build_messages(question, image_png, list(memory), context)
+        extra_body = {"deskeye": deskeye_extension(windows)} if windows else None
         max_tokens = max_tokens or self.settings.worker.max_tokens
         endpoint = self.supervisor.endpoint()
         try:
-            return self._ask_once(endpoint, messages, max_tokens)
+            return self._ask_once(endpoint, messages, max_tokens, extra_body)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError:
             endpoint = self.supervisor.recover(endpoint)     # raises WorkerUnavailable if it stays down
         try:
-            return self._ask_once(endpoint, messages, max_tokens)
+            return self._ask_once(endpoint, messages, max_tokens, extra_body)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError as exc:
@@ -74,7 +78,8 @@ class WorkerClient:
 
     # ------------------------------------------------------------------ one request
 
-    def _ask_once(self, endpoint: Endpoint, messages: list[dict], max_tokens: int) -> Answer:
+    def _ask_once(self, endpoint: Endpoint, messages: list[dict], max_tokens: int,
+                  extra_body: dict | None = None) -> Answer:
         import openai
 
         client = self._openai(endpoint)
@@ -83,7 +88,7 @@ class WorkerClient:
         try:
             response = client.chat.completions.create(
                 model=model, messages=messages, response_format=deskeye_response_format(),
-                temperature=0, max_tokens=max_tokens)
+                temperature=0, max_tokens=max_tokens, extra_body=extra_body)
         except openai.APIStatusError as exc:
             raise self._status_error(endpoint, exc) from None
         latency_ms = round((time.perf_counter() - started) * 1000)

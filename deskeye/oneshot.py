@@ -31,7 +31,8 @@ def cmd_ask(args, settings: Settings) -> int:
 
 def _answer_once(args, settings: Settings, question: str) -> int:
     settings = _apply_overrides(args, settings)
-    answer = _ask_once(settings, question, _frame_png(args, settings))
+    png, windows = _frame_png(args, settings)
+    answer = _ask_once(settings, question, png, windows)
     _print_answer(answer, as_json=args.json)
     return 0
 
@@ -41,12 +42,14 @@ def _apply_overrides(args, settings: Settings) -> Settings:
     return with_overrides(settings, worker=overrides) if overrides else settings
 
 
-def _frame_png(args, settings: Settings) -> bytes:
-    """The image file as PNG, else a grab of the region (--region, else the configured one)."""
+def _frame_png(args, settings: Settings) -> tuple[bytes, tuple]:
+    """The image file as PNG (no window facts), else a grab of the region (--region, else the configured one)
+    and the windows in it."""
     if getattr(args, "image", None) is not None:
-        return load_image_png(args.image)
-    from deskeye.capture import grab_png
-    return grab_png(settings, getattr(args, "region", None))
+        return load_image_png(args.image), ()
+    from deskeye.capture import grab_frame
+    frame = grab_frame(settings, getattr(args, "region", None))
+    return frame.png(), frame.windows
 
 
 def load_image_png(path: Path) -> bytes:
@@ -72,7 +75,7 @@ def load_image_png(path: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _ask_once(settings: Settings, question: str, png: bytes) -> Answer:
+def _ask_once(settings: Settings, question: str, png: bytes, windows: tuple = ()) -> Answer:
     supervisor = WorkerSupervisor(settings)
     if not supervisor.is_external:
         print(f"deskeye: starting the worker (engine {settings.worker.engine}"
@@ -80,7 +83,7 @@ def _ask_once(settings: Settings, question: str, png: bytes) -> Answer:
     client = WorkerClient(supervisor, settings)
     try:
         supervisor.start()
-        return client.ask(question, png)
+        return client.ask(question, png, windows=windows)
     finally:
         client.close()
         supervisor.stop()
