@@ -118,6 +118,11 @@ class EntityKind:
 _MONTH = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sept?(?:ember)?"
           r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\b")
 ENTITY_KINDS: tuple[EntityKind, ...] = (
+    EntityKind("error name", "{0}", (
+        r"(?<![\w.])(?:[a-z_][\w]*\.)*(?P<v>[A-Z][A-Za-z0-9]*(?:Error|Exception|Interrupt|Warning|Fault))(?![A-Za-z0-9])",)),
+    EntityKind("source line", "{0}", (       # group "n" is the line number: "calc.py:2"
+        r"File \"(?:[^\"]*[/\\])?(?P<v>[^\"/\\]{1,60})\", line (?P<n>\d{1,7})",
+        r"(?<![\w/.-])(?:[\w.-]*/)*(?P<v>[\w-]{1,60}\.[A-Za-z]{1,5}):(?P<n>\d{1,7})(?![\d])")),
     EntityKind("unread", "{0} unread", (
         r"(?i)\b(?P<v>\d{1,5})\s*(unread|new (messages?|emails?|mails?))\b", r"(?i)\bunread\s*[(:]?\s*(?P<v>\d{1,5})",
         r"(?i)\binbox\s*\(\s*(?P<v>\d{1,5})\s*\)", r"(?P<v>\d{1,5})\s*(封|条|个)?\s*未读", r"未读\s*[(:]?\s*(?P<v>\d{1,5})",
@@ -131,9 +136,9 @@ ENTITY_KINDS: tuple[EntityKind, ...] = (
         r"(?P<v>\d{4}年\d{1,2}月\d{1,2}[日号])", r"(?P<v>\d{1,2}月\d{1,2}[日号])",
         r"(?i)(?P<v>\b" + _MONTH + r"\.?\s\d{1,2}(?:,\s?\d{4})?\b)",
         r"(?i)(?P<v>\b\d{1,2}\s" + _MONTH + r"\.?(?:\s\d{4})?\b)")),
-    EntityKind("amount", "amount {0}", (
-        r"(?P<v>[$€£¥￥]\s?\d[\d,]*(?:\.\d{1,2})?)",
-        r"(?i)(?P<v>\b\d[\d,]*(?:\.\d{1,2})?\s?(?:usd|eur|gbp|cny|rmb|元|美元|欧元))")),
+    EntityKind("amount", "amount {0}", (       # as written: thousands separators and the currency kept
+        r"(?P<v>[$€£¥￥]\s?(?:\d{1,3}(?:[,.]\d{3})+|\d+)(?:[.,]\d{1,2})?)(?!\d)",
+        r"(?i)(?P<v>\b(?:\d{1,3}(?:[,.]\d{3})+|\d+)(?:[.,]\d{1,2})?\s?(?:usd|eur|gbp|cny|rmb|元|美元|欧元))")),
     EntityKind("link", "link {0}", (
         r"(?i)\b(?:https?://)(?P<v>[^\s\"'<>]+)", r"(?i)\b(?P<v>www\.[^\s\"'<>]+)",
         r"(?i)(?<![@\w.])(?P<v>[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|dev|cn|co|ai|app|gov|edu)"
@@ -302,6 +307,8 @@ def extract_entities(texts: Sequence[str]) -> list[Entity]:
             for regex in regexes:
                 for found in regex.finditer(cleaned):
                     value = (found.groupdict().get("v") or found.group(0)).strip().rstrip(".,;:)")
+                    if found.groupdict().get("n"):
+                        value = f"{value}:{found.group('n')}"
                     if value and (kind.name, value.lower()) not in seen:
                         seen.add((kind.name, value.lower()))
                         entities.append(Entity(kind.name, value, index))
@@ -352,16 +359,17 @@ def title_index(lines: Sequence[LineLike], texts: Sequence[str], frame_height: i
 
 
 def salient_order(lines: Sequence[LineLike], texts: Sequence[str], matches: Sequence[ConceptMatch],
-                  entities: Sequence[Entity], frame_height: int) -> list[int]:
-    """Line indexes, most worth quoting first: the title, lines that made the best concepts match (their
-    most telling term first), lines holding entities, then the rest in reading order. No duplicate texts."""
+                  entities: Sequence[Entity], frame_height: int, *, title_first: bool = True) -> list[int]:
+    """Line indexes, most worth quoting first: the title (unless the caller knows it: `title_first`), lines that
+    made the best concepts match (their most telling term first), lines holding entities, then the rest in
+    reading order. No duplicate texts."""
     rank: dict[int, tuple] = {}
     for concept_rank, match in enumerate(matches):
         for term_rank, index in match.evidence:
             rank[index] = min(rank.get(index, (9e9,)), (concept_rank, term_rank, index))
     for entity in entities:
         rank.setdefault(entity.line_index, (len(matches), 0, entity.line_index))
-    title = title_index(lines, texts, frame_height)
+    title = title_index(lines, texts, frame_height) if title_first else None
     order = sorted(range(len(texts)), key=lambda i: (i != title, rank.get(i, (9e9, 0, i))))
     unique, seen = [], set()
     for i in order:
