@@ -129,7 +129,11 @@ def deskeye_reader(**options) -> tuple[Callable, object]:
     from inference_worker.engines.ocr.reader import OcrConfig, OcrReader
 
     reader = OcrReader(OcrConfig(**options))
-    return (lambda image: list(reader.read_full(image).lines)), reader
+
+    def read(image) -> list:
+        reader.clear_cache()                 # a full read with nothing remembered: every line recognised
+        return list(reader.read(image).lines)
+    return read, reader
 
 
 def cold_call_child(width: int, height: int) -> None:
@@ -214,7 +218,7 @@ def describe_row(screen: str, repeats: int) -> dict:
                                   "response_format": deskeye_response_format()})
 
     def call():
-        engine.reader.reset()                                   # a full read each time: the worst case
+        engine.reader.clear_cache()                             # a full read each time: the worst case
         return engine.complete(request, [image])
     call()
     stats, completion = timed(call, repeats)

@@ -3,7 +3,8 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k router`).
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 deskeye_apt xvfb xauth xdotool x11-utils xcompmgr imagemagick fonts-noto-cjk fonts-dejavu-core \
-    tk8.6 libtk8.6 dovecot-imapd dbus-daemon libnotify-bin iproute2 util-linux
+    tk8.6 libtk8.6 dovecot-imapd dbus-daemon libnotify-bin iproute2 util-linux \
+    openbox xterm zenity gnumeric x11-apps
 # torch is pinned to the CPU build: never let pip pick a CUDA one for the tests.
 deskeye_env "worker,dev" "torch==2.13.0"
 cd "$ROOT"

@@ -24,6 +24,7 @@ from deskeye.window_facts import Region, windows_in_region
 from inference_worker.engines.ocr.engine import OcrEngine
 from inference_worker.protocol import (DESKEYE_SCHEMA, ProtocolError, build_messages, deskeye_extension,
                                        deskeye_response_format, parse_chat_request, parse_window_facts)
+from tests.fixtures.polling import wait_until
 from tests.fixtures.real_desktop import start_real_desktop
 
 REGION = Region(112, 84, 800, 600)            # what DeskEye watches: 800x600 of a 1024x768 screen
@@ -87,9 +88,13 @@ def describe(engine, desktop, *, with_facts: bool):
 def terminal_with_traceback(desktop, files):
     desktop.launch(["xterm", "-geometry", "90x30", "-fa", "DejaVu Sans Mono", "-fs", "11", "-e", "bash", "--norc",
                     "-i"], "xterm", at=CORNER, cwd=str(files))
-    desktop.type_keys("PS1='ana@devbox:~/proj$ '; clear\n")
+    prompted = files / "prompted"              # bash touches it before each prompt: the command has ended
+    desktop.type_keys(f"PS1='ana@devbox:~/proj$ '; PROMPT_COMMAND='touch {prompted}'; clear\n")
+    assert wait_until(prompted.exists, timeout_s=30)
+    prompted.unlink()
     desktop.type_keys("python3 calc.py\n")
-    time.sleep(1.5)                              # python3 starts, fails, bash prints its prompt again
+    assert wait_until(prompted.exists, timeout_s=60), "python3 calc.py did not finish"
+    desktop.wait_painted()                       # xterm has painted the traceback and the new prompt
 
 
 # ------------------------------------------------------------------ terminals and dialogs

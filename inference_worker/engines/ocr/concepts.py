@@ -274,9 +274,12 @@ def term_in(term: str, text: str) -> bool:
 def match_concepts(texts: Sequence[str]) -> list[ConceptMatch]:
     """Concepts the lines mention, best first. Score = weight x pieces of evidence (see ConceptMatch.strength)."""
     prepared = [PreparedLine.of(text) for text in texts]
+    everything = PreparedLine("\n".join(p.text for p in prepared), "\n".join(p.lower_words for p in prepared),
+                              "\n".join(p.compact_words for p in prepared))
+    present = {term for term, prepared_term in _TERMS.items() if prepared_term.found_in(everything)}
     found: dict[str, ConceptMatch] = {}
     for concept in VOCABULARY:
-        evidence = _evidence(concept, prepared)
+        evidence = _evidence(concept, prepared, present)
         if evidence:
             found[concept.label] = ConceptMatch(concept, concept.weight * min(len(set(evidence)), 4),
                                                 tuple(evidence))
@@ -285,13 +288,16 @@ def match_concepts(texts: Sequence[str]) -> list[ConceptMatch]:
     return sorted([m for m in kept if m.concept.label not in hidden], key=lambda m: -m.score)  # ties: table order
 
 
-def _evidence(concept: Concept, lines: Sequence[PreparedLine]) -> list[tuple[int, int]]:
+def _evidence(concept: Concept, lines: Sequence[PreparedLine], present: set[str]) -> list[tuple[int, int]]:
+    """(rank, line index) of each pattern and term found; terms are looked for only in lines when `present`
+    (found in all the lines joined: a cheap first pass, since most terms are on no line)."""
     evidence = []
+    terms = [(rank, term) for rank, term in enumerate(concept.terms, start=len(concept.patterns)) if term in present]
     for index, line in enumerate(lines):
         for rank, pattern in enumerate(concept.patterns):
             if _COMPILED_PATTERNS[pattern].search(line.text):
                 evidence.append((rank, index))
-        for rank, term in enumerate(concept.terms, start=len(concept.patterns)):
+        for rank, term in terms:
             if _TERMS[term].found_in(line):
                 evidence.append((rank, index))
     return evidence

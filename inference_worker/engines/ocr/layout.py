@@ -202,6 +202,10 @@ def icon_hue(bgr: np.ndarray, view: WindowView, text: Sequence[OcrLine]) -> str 
     vivid = chroma > 80
     if vivid.sum() < 30:
         return None
+    rows, columns = np.divmod(np.flatnonzero(vivid), right - left)
+    blob_h, blob_w = rows.max() - rows.min() + 1, columns.max() - columns.min() + 1
+    if not (12 <= blob_h and 0.5 <= blob_w / blob_h <= 2.0):
+        return None                                  # a stripe or a rule, not an icon
     r, g, b = r[vivid], g[vivid], b[vivid]
     counts = {"error dialog": int(((r > g + 60) & (r > b + 60) & (g < 140)).sum()),
               "warning dialog": int(((r > b + 80) & (g > b + 50) & (g >= 140)).sum()),

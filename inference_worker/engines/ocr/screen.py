@@ -92,7 +92,7 @@ def describe_window(lines: Sequence[OcrLine], kind: Kind | None, title: str | No
     matches = _allowed(match_concepts(words), kind)
     entities = extract_entities(texts)
     refined = next((m for m in matches if m.names_screen and kind is not None
-                    and m.concept.label in REFINES.get(kind.label, ())), None)
+                    and m.concept.label in _refinements(kind)), None)
     if kind is not None:
         heading = refined.concept.screen if refined else kind.screen
         labels = ([refined.concept.label] if refined else []) + [kind.label]
@@ -148,10 +148,18 @@ def _allowed(matches: Sequence[ConceptMatch], kind: Kind | None) -> list[Concept
     """Concepts the words may claim: layout-only ones only when the layout found that kind (or refines it)."""
     if kind is None:
         return list(matches)                          # the layout says nothing: the words do their best
-    allowed = set(REFINES.get(kind.label, ())) | {kind.label}
+    allowed = _refinements(kind) | {kind.label}
     if kind.label == "dialog":
         allowed |= {"error dialog", "warning dialog", "error", "warning"}
     return [m for m in matches if m.concept.label not in LAYOUT_ONLY or m.concept.label in allowed]
+
+
+def _refinements(kind: Kind) -> set[str]:
+    """Content concepts that may name a window of this kind more precisely (a dialog's flavours share them)."""
+    refines = set(REFINES.get(kind.label, ()))
+    if kind.label.endswith("dialog"):
+        refines |= REFINES["dialog"]
+    return refines
 
 
 def _objects(told: Sequence[ToldWindow]) -> list[str]:

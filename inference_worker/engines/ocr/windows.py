@@ -138,10 +138,13 @@ def _title_bar_of(line: OcrLine, bgr: np.ndarray) -> TitleBar | None:
     profile = bgr[rows, xl].astype(int)
     if _diff(profile, bgr[rows, xr]) > SAME_COLOUR:
         return None
+    y_center = (top + bottom) // 2
+    first_top, first_bottom = _vertical_run(bgr, xl, y_center, -1), _vertical_run(bgr, xl, y_center, +1)
+    if not (bottom - top) - 6 <= first_bottom - first_top <= MAX_BAR_HEIGHT_PX:
+        return None                                  # checked first: most lines are not on a bar
     bar_left, bar_right = _extent(bgr, rows, profile, xl, -1), _extent(bgr, rows, profile, xr, +1)
     if bar_right - bar_left < max(MIN_BAR_WIDTH_PX, 1.6 * (right - left)):
         return None
-    y_center = (top + bottom) // 2
     runs = {(_vertical_run(bgr, x, y_center, -1), _vertical_run(bgr, x, y_center, +1))
             for x in (xl, xr, bar_left + 2, bar_right - 3)}
     bar_top, bar_bottom = min(r[0] for r in runs), max(r[1] for r in runs)
@@ -161,29 +164,30 @@ def _title_bar_of(line: OcrLine, bgr: np.ndarray) -> TitleBar | None:
 
 def _extent(bgr: np.ndarray, rows: slice, profile: np.ndarray, start: int, step: int) -> int:
     """How far the bar's per-row colours continue from `start` in direction `step` (gaps allowed)."""
-    width = bgr.shape[1]
-    last, gap, x = start, 0, start
-    while 0 <= x + step < width and gap <= MAX_BAR_GAP_PX:
-        x += step
-        if _diff(profile, bgr[rows, x]) <= SAME_COLOUR:
-            last, gap = x, 0
-        else:
-            gap += 1
-    return last if step < 0 else last + 1
+    columns = bgr[rows, start + step::step] if step > 0 else bgr[rows, start - 1::-1] if start > 0 else bgr[rows, :0]
+    same = np.abs(columns.astype(np.int16) - profile[:, None, :]).max(axis=(0, 2)) <= SAME_COLOUR
+    hits = np.flatnonzero(same)
+    if hits.size == 0 or hits[0] > MAX_BAR_GAP_PX:
+        return start if step < 0 else start + 1
+    gaps = np.flatnonzero(np.diff(hits) > MAX_BAR_GAP_PX + 1)
+    reach = int(hits[gaps[0]] if gaps.size else hits[-1]) + 1
+    return start - reach if step < 0 else start + reach + 1
 
 
 def _vertical_run(bgr: np.ndarray, x: int, y: int, step: int) -> int:
-    """From row `y` in column `x`, the first row past a sharp colour step (top: inclusive, bottom: exclusive)."""
+    """From row `y` in column `x`, the first row past a sharp colour step (top: inclusive, bottom: exclusive);
+    far outside the frame when there is none within a bar's height."""
     height = bgr.shape[0]
-    limit = MAX_BAR_HEIGHT_PX + 1
-    for _ in range(limit):
-        nxt = y + step
-        if not 0 <= nxt < height:
-            return y if step < 0 else height
-        if int(np.abs(bgr[nxt, x].astype(int) - bgr[y, x].astype(int)).max()) > EDGE_STEP:
-            return y if step < 0 else nxt
-        y = nxt
-    return -10_000 if step < 0 else 10_000          # no edge near: not a bar
+    if step < 0:
+        column = bgr[max(0, y - MAX_BAR_HEIGHT_PX - 1):y + 1, x][::-1].astype(np.int16)
+    else:
+        column = bgr[y:min(height, y + MAX_BAR_HEIGHT_PX + 2), x].astype(np.int16)
+    steps = np.flatnonzero(np.abs(np.diff(column, axis=0)).max(axis=1) > EDGE_STEP)
+    if steps.size:
+        return y - int(steps[0]) if step < 0 else y + int(steps[0]) + 1
+    if column.shape[0] < MAX_BAR_HEIGHT_PX + 2:                    # the frame's edge came first
+        return y - column.shape[0] + 1 if step < 0 else height
+    return -10_000 if step < 0 else 10_000
 
 
 def _has_side_edge(bgr: np.ndarray, bar_left: int, bar_right: int, bar_bottom: int) -> bool:
