@@ -218,13 +218,17 @@ def icon_hue(bgr: np.ndarray, view: WindowView, text: Sequence[OcrLine]) -> str 
 
 def _button_row(lines: Sequence[OcrLine], view: WindowView) -> list[OcrLine]:
     """The lowest row of short labels in the window's lower part, nothing under it: its buttons (left to right)."""
+    row = button_row(lines)
+    return row if row and row[0].center[1] >= view.box[1] + 0.5 * view.height else []
+
+
+def button_row(lines: Sequence[OcrLine]) -> list[OcrLine]:
+    """The lowest row of lines when it is 1-4 short labels (left to right), else []."""
     if not lines:
         return []
     lowest = max(lines, key=lambda ln: ln.center[1])
     row = [ln for ln in lines if abs(ln.center[1] - lowest.center[1]) <= max(6, lowest.height / 2)]
     if len(row) > 4 or not all(_is_short_label(ln) for ln in row):
-        return []
-    if lowest.center[1] < view.box[1] + 0.5 * view.height:
         return []
     return sorted(row, key=lambda ln: ln.box[0])
 
@@ -287,7 +291,7 @@ def _edge_groups(cells: Sequence[OcrLine], edge: int) -> list[list[OcrLine]]:
 
 def _has_column_letters(lines: Sequence[OcrLine]) -> bool:
     letters = [ln for ln in lines if re.fullmatch(r"[A-Za-z]", clean(ln.text))]
-    for row in _rows(letters):
+    for row in rows_of(letters):
         row = sorted(row, key=lambda ln: ln.box[0])
         codes = [ord(clean(ln.text).upper()) for ln in row]
         run = max((_run_length(codes[i:]) for i in range(len(codes))), default=0)
@@ -313,7 +317,8 @@ def _run_length(values: Sequence[int]) -> int:
     return length
 
 
-def _rows(lines: Sequence[OcrLine]) -> list[list[OcrLine]]:
+def rows_of(lines: Sequence[OcrLine]) -> list[list[OcrLine]]:
+    """Lines grouped into rows (vertical centres within half a line height), top to bottom."""
     rows: list[list[OcrLine]] = []
     for line in sorted(lines, key=lambda ln: ln.center[1]):
         if rows and abs(line.center[1] - rows[-1][0].center[1]) <= max(4, line.height / 2):

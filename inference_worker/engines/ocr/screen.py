@@ -16,8 +16,8 @@ import numpy as np
 
 from inference_worker.engines.ocr.concepts import (ENTITY_KINDS, ConceptMatch, Entity, ScreenDescription, bounded,
                                                    clean, compose_summary, describe, extract_entities,
-                                                   match_concepts, salient_order)
-from inference_worker.engines.ocr.layout import Kind, classify
+                                                   match_concepts, salient_order, title_index)
+from inference_worker.engines.ocr.layout import Kind, button_row, classify, rows_of
 from inference_worker.engines.ocr.reader import OcrLine
 from inference_worker.engines.ocr.windows import WindowView
 from inference_worker.protocol import MAX_KEY_OBJECTS, OBJECT_MAX_CHARS, SUMMARY_MAX_CHARS
@@ -46,6 +46,7 @@ class ToldWindow:
     kind: Kind | None
     described: ScreenDescription
     lines: list[OcrLine]             # the faithful lines, reading order
+    quotes: list[str]                # what is worth quoting, best first
 
     @property
     def heading(self) -> str:
@@ -67,10 +68,9 @@ def describe_screen(views: Sequence[WindowView], bgr: np.ndarray, frame_height: 
         lead = f"{name}{title}: " if number == 0 else f". Behind it, {name}{title}: "
         if number and window.view.source == "screen":
             lead = ". Also on screen: "
-        texts = [clean(window.lines[i].text) for i in window.described.quoted]
-        sections.append((lead, texts))
+        sections.append((lead, window.quotes))
     summary, _ = compose_summary(sections, SUMMARY_MAX_CHARS)
-    if not told[0].described.quoted and told[0].view.title:
+    if not told[0].quotes and told[0].view.title:
         summary = summary.rstrip(": ")
     objects = _objects(told)
     first = told[0].described
@@ -80,13 +80,15 @@ def describe_screen(views: Sequence[WindowView], bgr: np.ndarray, frame_height: 
 def tell(view: WindowView, bgr: np.ndarray, frame_height: int) -> ToldWindow:
     lines = faithful_lines(view.lines, bgr)
     kind = classify(WindowView(view.box, view.title, view.app, lines, view.is_foreground, view.source), bgr)
-    described = describe_window(lines, kind, view.title, frame_height)
-    return ToldWindow(view, kind, described, lines)
+    described, quotes = describe_window(lines, kind, view.title, frame_height)
+    return ToldWindow(view, kind, described, lines, quotes)
 
 
 def describe_window(lines: Sequence[OcrLine], kind: Kind | None, title: str | None,
-                    frame_height: int) -> ScreenDescription:
-    """Kind from the layout, refined (never contradicted) by the words; the title's own line not quoted again."""
+                    frame_height: int) -> tuple[ScreenDescription, list[str]]:
+    """Kind from the layout, refined (never contradicted) by the words; the title's own line not quoted again.
+    Returns the description and the texts worth quoting, best first (a table's rows, a dialog's message then
+    its buttons, else the salient lines)."""
     texts = [clean(line.text) for line in lines]
     words = list(texts) + ([clean(title)] if title else [])
     matches = _allowed(match_concepts(words), kind)
@@ -104,9 +106,41 @@ def describe_window(lines: Sequence[OcrLine], kind: Kind | None, title: str | No
     order = salient_order(lines, texts, matches, entities, frame_height, title_first=not title)
     if title:
         order = [i for i in order if texts[i].replace(" ", "") != clean(title).replace(" ", "")]
-    summary, (quoted,) = compose_summary([(f"{heading}: ", [texts[i] for i in order])])
+    quotes = _kind_quotes(lines, kind, title, frame_height) or [texts[i] for i in order]
+    summary, (quoted,) = compose_summary([(f"{heading}: ", quotes)])
     objects = _unique(labels[:4] + [e.key_object for e in _by_turns(entities)])
-    return ScreenDescription(summary, objects, heading, matches, entities, [order[i] for i in quoted])
+    described = ScreenDescription(summary, objects, heading, matches, entities,
+                                  [order[i] for i in quoted if i < len(order)])
+    return described, [quotes[i] for i in quoted] + [q for i, q in enumerate(quotes) if i not in quoted]
+
+
+def _kind_quotes(lines: Sequence[OcrLine], kind: Kind | None, title: str | None, frame_height: int) -> list[str]:
+    """How a kind is best quoted: a table by its rows of cells (headers and row numbers left out), a dialog by
+    its message top to bottom (its title-like line first when the window's title is unknown) and then its
+    buttons; [] = by salience."""
+    if kind is None:
+        return []
+    if kind.label in ("spreadsheet", "table", "list", "email inbox"):
+        rows = []
+        for row in rows_of(lines):
+            cells = [clean(ln.text) for ln in sorted(row, key=lambda ln: ln.box[0])]
+            if kind.label == "spreadsheet":
+                if all(re.fullmatch(r"[A-Z]{1,2}", c) for c in cells):
+                    continue                                   # the column letters
+                if len(cells) >= 3 and re.fullmatch(r"\d{1,5}", cells[0]):
+                    cells = cells[1:]                          # the row number
+            if len(cells) >= 2 or (cells and len(cells[0].split()) >= 3):
+                rows.append(" ".join(cells))
+        if kind.label in ("spreadsheet", "table"):        # the cells with figures before menus and toolbars
+            rows.sort(key=lambda row: not re.search(r"\d[\d,.]*\s+\S*\d", row))
+        return rows
+    if kind.label.endswith("dialog"):
+        buttons = button_row(lines)
+        message = [ln for ln in lines if ln not in buttons]
+        heading = None if title else title_index(message, [clean(ln.text) for ln in message], frame_height)
+        first = [message[heading]] if heading is not None else []
+        return [clean(ln.text) for ln in first + [ln for ln in message if ln not in first] + buttons]
+    return []
 
 
 # -------------------------------------------------------------------- faithful text
