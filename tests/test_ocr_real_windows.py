@@ -257,3 +257,63 @@ def test_window_facts_travel_in_the_request_and_bad_ones_are_named():
             parse_window_facts(bad)
     long = parse_window_facts({"windows": [{"title": "\x1b[31m" + "t" * 5000, "box": [0, 0, 1, 1]}]})
     assert len(long[0].title) <= 200 and "\x1b" not in long[0].title
+
+
+# ------------------------------------------------------------------ faithful text (rendered, no X needed)
+
+def render_rows(rows: list[str], *, background: str = "white", ink: str = "black"):
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.truetype("/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf", 18)
+    image = Image.new("RGB", (640, 40 * len(rows) + 20), background)
+    draw = ImageDraw.Draw(image)
+    for i, row in enumerate(rows):
+        draw.text((10, 10 + 40 * i), row, fill=ink, font=font)
+    return image
+
+
+def test_caret_and_tilde_rows_are_not_told_as_letters():
+    from inference_worker.engines.ocr.reader import OcrConfig, OcrReader, to_bgr
+    from inference_worker.engines.ocr.screen import faithful_lines
+
+    rows = ["    return done / total", "           ~~~~~^~~~~~", "    print(ratio(3, 0))", "          ^^^^^^^^^^^",
+            "ZeroDivisionError: division by zero"]
+    symbol_rows, symbols_read = {1, 3}, []
+    for background, ink in (("white", "black"), ("black", "#e0e0e0")):
+        image = render_rows(rows, background=background, ink=ink)
+        read = OcrReader(OcrConfig(min_score=0.0)).read(image).lines      # everything the recogniser says
+        row_of = {line: round((line.center[1] - 10 - 11) / 40) for line in read}
+        kept = faithful_lines(read, to_bgr(image))
+        assert not [line.text for line in kept if row_of[line] in symbol_rows], (background, read)
+        assert {row_of[line] for line in kept} == {0, 2, 4}, (background, kept)
+        symbols_read += [line.text for line in read if row_of[line] in symbol_rows]
+    assert symbols_read, "the recogniser read no symbol row: this test would not show the filter"
+
+
+def test_numbers_keep_separators_and_currency_and_errors_and_sources_become_objects():
+    from inference_worker.engines.ocr.concepts import extract_entities
+
+    texts = ["3.预算:¥12,500,已使用¥8,300", "Total €1.249,50 due", "Paid $12,500.75", "Balance ¥12.500",
+             'File "/home/ana/app.py", line 41, in load', "json.decoder.JSONDecodeError: Expecting value",
+             "KeyErrort'port'", "main.c:12:5: error: expected ';'", "ErrorHandler ready", "Errors: 0"]
+    found = [(e.kind, e.value) for e in extract_entities(texts)]
+    for expected in [("amount", "¥12,500"), ("amount", "¥8,300"), ("amount", "€1.249,50"), ("amount", "$12,500.75"),
+                     ("amount", "¥12.500"), ("source line", "app.py:41"), ("source line", "main.c:12"),
+                     ("error name", "JSONDecodeError"), ("error name", "KeyError")]:
+        assert expected in found, (expected, found)
+    assert not any(value in ("ErrorHandler", "Errors", "¥12.50") for _, value in found), found
+
+
+def test_a_line_seen_before_is_not_recognised_again():
+    from inference_worker.engines.ocr.reader import OcrReader
+
+    reader = OcrReader()
+    first = reader.read(render_rows(["Quarterly budget review", "Invoice 4471 overdue"]))
+    hits_before = reader.num_rec_cache_hits
+    moved = render_rows(["Invoice 4471 overdue", "Quarterly budget review"])     # the same lines, swapped
+    again = reader.read_full(moved)
+    assert sorted(ln.text for ln in again.lines) == sorted(ln.text for ln in first.lines)
+    assert reader.num_rec_cache_hits - hits_before == 2                        # both crops came from the cache
+    reader.clear_cache()
+    assert [ln.text for ln in reader.read(moved).lines] == [ln.text for ln in again.lines]
+    assert reader.num_rec_cache_hits - hits_before == 2

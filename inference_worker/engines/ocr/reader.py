@@ -206,7 +206,7 @@ class OcrReader:
         rec = self._ocr.text_rec
         lines = []
         for quad, crop in zip(quads, crops):
-            key = _crop_key(crop)
+            key = _text_key(bgr, _quad_rect(quad))
             if key in self._rec_cache:
                 self.num_rec_cache_hits += 1
             else:
@@ -328,11 +328,20 @@ def _load_rapidocr(config: OcrConfig) -> Any:
         OrtInferSession._init_sess_opts = staticmethod(make_options)
 
 
-def _crop_key(crop: np.ndarray) -> bytes:
+def _text_key(bgr: np.ndarray, rect: Rect) -> bytes:
+    """A digest of the text's own pixels: the line's box in the frame, trimmed to its ink (what differs from
+    the box's border colour), so the same text drawn elsewhere, or boxed a pixel wider, has the same key."""
     import hashlib
 
-    return hashlib.blake2b(np.ascontiguousarray(crop).data, digest_size=16,
-                           person=str(crop.shape).encode()[:16]).digest()
+    patch = bgr[max(0, rect[1]):rect[3], max(0, rect[0]):rect[2]]
+    if patch.size:
+        border = np.concatenate([patch[0], patch[-1], patch[:, 0], patch[:, -1]])
+        ink = (np.abs(patch.astype(np.int16) - np.median(border, axis=0)).max(axis=2) > 40)
+        rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+        if rows.size:
+            patch = patch[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+    return hashlib.blake2b(np.ascontiguousarray(patch).data, digest_size=16,
+                           person=f"{patch.shape[0]}x{patch.shape[1]}".encode()[:16]).digest()
 
 
 def _rec_input(crop: np.ndarray, height_px: int) -> np.ndarray:

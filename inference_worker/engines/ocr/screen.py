@@ -37,7 +37,7 @@ REFINES = {
 }
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 MIN_FRAGMENT_SCORE = 0.75          # short fragments (<= 3 characters) read with less confidence are dropped
-MAX_SYMBOL_INK_FRACTION = 0.45     # letters fill most of a line's height; ~~^~~ and ---- do not
+MAX_SYMBOL_INK_FRACTION = 0.5      # letters fill most of a line's height; ~~^~~ and ---- do not
 
 
 @dataclass(frozen=True)
