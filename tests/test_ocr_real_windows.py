@@ -317,3 +317,35 @@ def test_a_line_seen_before_is_not_recognised_again():
     reader.clear_cache()
     assert [ln.text for ln in reader.read(moved).lines] == [ln.text for ln in again.lines]
     assert reader.num_rec_cache_hits - hits_before == 2
+
+
+# ------------------------------------------------------------------ the app's path: capture -> client -> worker
+
+def test_the_app_sends_the_window_facts_and_the_worker_tells_the_foreground_dialog_first(screen, files, monkeypatch):
+    """Real capture (mss + window facts from X) -> WorkerClient (openai) -> a supervised `deskeye-worker --engine
+    ocr` subprocess: the foreground dialog is told first, under the title X gives it."""
+    from deskeye.capture import grab_frame
+    from deskeye.client import WorkerClient
+    from deskeye.settings import Settings, with_overrides
+    from deskeye.supervisor import WorkerSupervisor
+
+    terminal_with_traceback(screen, files)
+    screen.launch(["zenity", "--error", "--title=Disk full", "--text=No space left on the device."], "zenity",
+                  at=DIALOG_AT)
+    monkeypatch.setenv("DISPLAY", screen.display.name)          # the app captures this desktop
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    settings = with_overrides(Settings(), capture={"region": "112,84,800,600"},
+                              worker={"engine": "ocr", "startup_timeout_s": 60.0, "request_timeout_s": 60.0})
+    frame = grab_frame(settings)
+    assert [w.title for w in frame.windows] == ["Disk full", "bash"], frame.windows
+    supervisor = WorkerSupervisor(settings)
+    client = WorkerClient(supervisor, settings)
+    try:
+        supervisor.start()
+        answer = client.ask("What is on this screen?", frame.png(), windows=frame.windows)
+    finally:
+        client.close()
+        supervisor.stop()
+    assert answer.engine == "ocr"
+    assert answer.summary.startswith("An error dialog “Disk full”: "), answer
+    assert answer.key_objects[0] == "error dialog" and "terminal" in answer.key_objects, answer

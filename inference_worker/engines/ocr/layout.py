@@ -53,8 +53,11 @@ APP_KINDS = (
     (("thunderbird", "evolution", "geary", "claws-mail", "kmail"), "email inbox"),
 )
 
-PROMPT = re.compile(r"^\s*(?:\(?[\w.-]+\)?\s)?(?:[\w.-]+@[\w.-]+)?(?::?[~/][^\s$#%>]*)?\s?[$#%❯]\s*(\S|$)"
-                    r"|^\s*>>>\s|^\s*PS [A-Z]:\\[^>]*>|^\s*[A-Z]:\\[^>]*>")
+PROMPT = re.compile(                       # a shell prompt at a line's start (not "$12.50", not "# Heading")
+    r"^\s*(?:\([\w.-]+\)\s)?[\w.-]+@[\w.-]+(?::\S*)?\s?[$#%>❯]\s*(?![\d.,])"     # user@host:~/path$
+    r"|^\s*(?:\([\w.-]+\)\s)?\S*[~/]\S*\s?[$#%❯]\s*(?![\d.,])(?:\S|$)"             # ~/proj$  /tmp #
+    r"|^\s*\$(?:\s+(?![\d.,])\S|\s*[a-z]|\s*$)"                                      # $ command
+    r"|^\s*>>>\s|^\s*PS [A-Z]:\\[^>]*>|^\s*[A-Z]:\\[^>]*>")
 CODE_LINE = re.compile(r"^\s*(def|class|import|from|return|if|elif|else|for|while|with|try|except|function|const|"
                        r"let|var|public|private|static|#include|fn|func|package)\b|[;{}]\s*$|^\s*[\w.]+\s*=\s*\S|"
                        r"\)\s*:\s*$")
@@ -111,9 +114,12 @@ def _clock(lines, view, bgr) -> str | None:
 
 def _spreadsheet(lines, view, bgr) -> str | None:
     """A cell grid with its headers: column letters in order along one row, or row numbers down one column."""
+    letters, numbers = _has_column_letters(lines), _has_row_numbers(lines)
+    if letters and numbers:
+        return "spreadsheet"                   # the sheet's own frame, even with no figures in it yet
     if _grid_columns(lines, min_rows=3, numeric=True) < 2:
         return None
-    return "spreadsheet" if _has_column_letters(lines) or _has_row_numbers(lines) else None
+    return "spreadsheet" if letters or numbers else None
 
 
 def _table(lines, view, bgr) -> str | None:
