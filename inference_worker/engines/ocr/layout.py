@@ -129,7 +129,7 @@ def _table(lines, view, bgr) -> str | None:
 def _terminal(lines, view, bgr) -> str | None:
     if any(PROMPT.match(clean(ln.text)) for ln in lines):
         return "terminal"
-    if len(lines) >= 3 and _is_dark(bgr, view) and kind_of_app(view.app) in (None, "terminal"):
+    if len(lines) >= 3 and _is_dark_behind_text(bgr, lines) and kind_of_app(view.app) in (None, "terminal"):
         return "terminal"
     return None
 
@@ -355,7 +355,11 @@ def _is_day_word(text: str) -> bool:
     return bool(re.fullmatch(r"(?i)(yesterday|today|mon|tue|wed|thu|fri|sat|sun)\w*|昨天|今天|周[一二三四五六日]", text))
 
 
-def _is_dark(bgr: np.ndarray, view: WindowView) -> bool:
-    left, top, right, bottom = view.box
-    patch = bgr[top:bottom:4, left:right:4]
-    return patch.size > 0 and float(np.median(patch.mean(axis=2))) < 80
+def _is_dark_behind_text(bgr: np.ndarray, lines: Sequence[OcrLine]) -> bool:
+    """Whether most of the text is light on dark: the lines' boxes' edges (their background) are dark."""
+    dark = 0
+    for line in lines:
+        left, top, right, bottom = line.box
+        edges = np.concatenate([bgr[top, left:right], bgr[min(bottom, bgr.shape[0]) - 1, left:right]])
+        dark += edges.size > 0 and float(np.median(edges.mean(axis=1))) < 80
+    return dark >= 0.6 * len(lines)

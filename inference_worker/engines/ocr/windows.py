@@ -116,7 +116,7 @@ def find_title_bars(lines: Sequence[OcrLine], bgr: np.ndarray) -> list[TitleBar]
         bar = _title_bar_of(line, bgr)
         if bar is None or any(_overlap(bar.rect, other.rect) for other in bars):
             continue
-        others = [o for o in lines if o is not line and _overlap(o.box, bar.rect)]
+        others = [o for o in lines if o is not line and _holds(bar.rect, o.center)]
         if all(_near_bar_end(o, bar.rect) for o in others):
             bars.append(bar)
     return bars
@@ -136,17 +136,18 @@ def _title_bar_of(line: OcrLine, bgr: np.ndarray) -> TitleBar | None:
     if xl < 0 or xr >= width or rows.stop - rows.start < 2:
         return None
     profile = bgr[rows, xl].astype(int)
-    if _diff(profile, bgr[rows, xr]) > SAME_COLOUR:
-        return None
+    # the bar's colours continue right of the title, or the box took in the buttons and ends with the bar
+    continues = min(_diff(profile, bgr[rows, x]) for x in range(right, min(width, right + 12))) <= SAME_COLOUR
     y_center = (top + bottom) // 2
     first_top, first_bottom = _vertical_run(bgr, xl, y_center, -1), _vertical_run(bgr, xl, y_center, +1)
     if not (bottom - top) - 6 <= first_bottom - first_top <= MAX_BAR_HEIGHT_PX:
         return None                                  # checked first: most lines are not on a bar
-    bar_left, bar_right = _extent(bgr, rows, profile, xl, -1), _extent(bgr, rows, profile, xr, +1)
-    if bar_right - bar_left < max(MIN_BAR_WIDTH_PX, 1.6 * (right - left)):
+    bar_left = _extent(bgr, rows, profile, xl, -1)
+    bar_right = _extent(bgr, rows, profile, right, +1) if continues else right
+    if bar_right - bar_left < max(MIN_BAR_WIDTH_PX, (right - left) + 40):
         return None
     runs = {(_vertical_run(bgr, x, y_center, -1), _vertical_run(bgr, x, y_center, +1))
-            for x in (xl, xr, bar_left + 2, bar_right - 3)}
+            for x in ((xl, xr, bar_left + 2, bar_right - 3) if continues else (xl, bar_left + 2))}
     bar_top, bar_bottom = min(r[0] for r in runs), max(r[1] for r in runs)
     if max(r[0] for r in runs) - bar_top > 2 or bar_bottom - min(r[1] for r in runs) > 2:
         return None                                  # not one band across: text rows, cells, keys
