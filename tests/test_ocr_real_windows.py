@@ -349,3 +349,27 @@ def test_the_app_sends_the_window_facts_and_the_worker_tells_the_foreground_dial
     assert answer.engine == "ocr"
     assert answer.summary.startswith("An error dialog “Disk full”: "), answer
     assert answer.key_objects[0] == "error dialog" and "terminal" in answer.key_objects, answer
+
+
+def test_any_window_facts_give_an_answer_inside_the_schema():
+    """Facts are request content (untrusted): windows off the frame, empty, nested, with hostile titles."""
+    import random
+
+    image = render_rows(["Quarterly budget review", "Invoice 4471 overdue", "$ python3 calc.py", "OK"])
+    engine = OcrEngine()
+    rng = random.Random(7)
+    try:
+        for trial in range(12):
+            windows = []
+            for _ in range(rng.randint(1, 32)):
+                left, top = rng.randint(-2000, 900), rng.randint(-2000, 400)
+                box = [left, top, left + rng.randint(1, 3000), top + rng.randint(1, 3000)]
+                windows.append({"title": rng.choice(["", "“quoted” \"json\"", "\x1b[31mred", "x" * 400, "错误 dialog"]),
+                                "app": rng.choice(["", "xterm XTerm", "DeskEye DeskEye"]), "box": box,
+                                "focused": rng.random() < 0.2})
+            body = {"model": "x", "messages": build_messages("What is on this screen?", None),
+                    "response_format": deskeye_response_format(), "deskeye": {"windows": windows}}
+            answer = json.loads(engine.complete(parse_chat_request(body), [image]).text)
+            jsonschema.validate(answer, DESKEYE_SCHEMA)
+    finally:
+        engine.close()

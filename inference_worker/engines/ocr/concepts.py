@@ -119,7 +119,8 @@ _MONTH = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|
           r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\b")
 ENTITY_KINDS: tuple[EntityKind, ...] = (
     EntityKind("error name", "{0}", (
-        r"(?<![\w.])(?:[a-z_][\w]*\.)*(?P<v>[A-Z][A-Za-z0-9]*(?:Error|Exception|Interrupt|Warning|Fault))(?![A-Za-z0-9])",
+        r"(?<![\w.])(?:[a-z_][\w]*\.)*(?P<v>[A-Z][A-Za-z0-9]*(?:Error|Exception|Interrupt|Warning|Fault))"
+        r"(?![A-Za-z0-9])",
         # a traceback's last line starts with the name and a colon, which small fonts make OCR read as t, i or ;
         r"^(?:[a-z_][\w]*\.)*(?P<v>[A-Z][A-Za-z0-9]*(?:Error|Exception))[ti;](?=\s|['\"(\[]|$)")),
     EntityKind("source line", "{0}", (       # group "n" is the line number: "calc.py:2"

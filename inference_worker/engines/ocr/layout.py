@@ -169,7 +169,8 @@ def _dialog(lines, view, bgr) -> str | None:
 
 
 def _document(lines) -> bool:
-    prose = [ln for ln in lines if len(clean(ln.text).split()) >= 4 or len(re.findall(r"[\u3400-\u9fff]", ln.text)) >= 8]
+    prose = [ln for ln in lines
+             if len(clean(ln.text).split()) >= 4 or len(re.findall(r"[\u3400-\u9fff]", ln.text)) >= 8]
     return len(prose) >= 3
 
 

@@ -102,7 +102,8 @@ def describe_window(lines: Sequence[OcrLine], kind: Kind | None, title: str | No
         best = next((m for m in matches if m.names_screen), None)
         heading = best.concept.screen if best else ("A window" if title else "Text on screen")
         labels = []
-    labels += [m.concept.label for i, m in enumerate(matches) if (i == 0 or m.is_sure) and m.concept.label not in labels]
+    labels += [m.concept.label for i, m in enumerate(matches)
+               if (i == 0 or m.is_sure) and m.concept.label not in labels]
     order = salient_order(lines, texts, matches, entities, frame_height, title_first=not title)
     if title:
         order = [i for i in order if texts[i].replace(" ", "") != clean(title).replace(" ", "")]
