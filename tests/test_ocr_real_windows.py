@@ -153,6 +153,12 @@ def test_a_gnumeric_spreadsheet_is_a_spreadsheet_with_its_title(engine, screen, 
     assert not re.search(r"[\u3400-\u9fff]", answer["summary"]), answer       # toolbar icons are not Chinese
     pixels, _ = describe(engine, screen, with_facts=False)
     assert pixels["key_objects"][0] == "spreadsheet", pixels
+    screen.launch(["zenity", "--error", "--title=Save failed", "--text=Could not write budget.csv:\nthe disk is full."],
+                  "zenity", at=DIALOG_AT)                     # hides some of the cells and column letters
+    for with_facts in (True, False):
+        answer, _ = describe(engine, screen, with_facts=with_facts)
+        assert answer["key_objects"][:2] == ["error dialog", "spreadsheet"], (with_facts, answer)
+        assert answer["summary"].startswith("An error dialog “Save failed”: "), answer
 
 
 def test_xedit_with_python_code_is_a_code_editor(engine, screen, files):

@@ -141,6 +141,8 @@ def _code_editor(lines, view, bgr) -> str | None:
 
 
 def _form(lines, view, bgr) -> str | None:
+    if _has_row_numbers(lines) or _has_column_letters(lines):
+        return None                            # a sheet's cells are boxes beside words too
     labels = [ln for ln in lines if _is_label(ln, lines, view) and _field_right_of(ln, bgr, view)]
     lefts = _clusters([ln.box[0] for ln in labels], tolerance=12)
     return "form" if labels and max(lefts) >= 2 else None
@@ -297,14 +299,32 @@ def _edge_groups(cells: Sequence[OcrLine], edge: int) -> list[list[OcrLine]]:
 
 
 def _has_column_letters(lines: Sequence[OcrLine]) -> bool:
+    """A row of 4+ single letters in alphabetical order at a steady pitch (A B C D ..., some may be hidden
+    behind another window: the pitch per letter still holds)."""
     letters = [ln for ln in lines if re.fullmatch(r"[A-Za-z]", clean(ln.text))]
     for row in rows_of(letters):
         row = sorted(row, key=lambda ln: ln.box[0])
         codes = [ord(clean(ln.text).upper()) for ln in row]
-        run = max((_run_length(codes[i:]) for i in range(len(codes))), default=0)
-        if run >= 4:
-            return True
+        for start in range(len(row)):
+            if _steady_letters(row[start:], codes[start:]) >= 4:
+                return True
     return False
+
+
+def _steady_letters(row: Sequence[OcrLine], codes: Sequence[int]) -> int:
+    """How many of the letters, from the first, go up the alphabet at one x pitch per letter (within 20%)."""
+    count, pitch = 1, None
+    for i in range(1, len(row)):
+        step = codes[i] - codes[i - 1]
+        if step <= 0:
+            break
+        per_letter = (row[i].center[0] - row[i - 1].center[0]) / step
+        if pitch is None:
+            pitch = per_letter
+        elif not 0.8 * pitch <= per_letter <= 1.2 * pitch:
+            break
+        count += 1
+    return count
 
 
 def _has_row_numbers(lines: Sequence[OcrLine]) -> bool:
