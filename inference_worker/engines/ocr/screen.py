@@ -128,13 +128,14 @@ def _kind_quotes(lines: Sequence[OcrLine], kind: Kind | None, title: str | None,
             if kind.label == "spreadsheet":
                 if all(re.fullmatch(r"[A-Z]{1,2}", c) for c in cells):
                     continue                                   # the column letters
-                if len(cells) >= 3 and re.fullmatch(r"\d{1,5}", cells[0]):
+                if len(cells) >= 2 and re.fullmatch(r"\d{1,5}", cells[0]):
                     cells = cells[1:]                          # the row number
             if len(cells) >= 2 or (cells and len(cells[0].split()) >= 3):
-                rows.append(" ".join(cells))
-        if kind.label in ("spreadsheet", "table"):        # the cells with figures before menus and toolbars
-            rows.sort(key=lambda row: not re.search(r"\d[\d,.]*\s+\S*\d", row))
-        return rows
+                figures = sum(1 for c in cells if re.fullmatch(r"[-+(]?[$€£¥]?\d[\d,. ]*%?\)?", c))
+                rows.append((" ".join(cells), figures / len(cells)))
+        if kind.label in ("spreadsheet", "table"):        # rows mostly of figures before menus and toolbars
+            rows.sort(key=lambda row: row[1] < 0.5)
+        return [text for text, _ in rows]
     if kind.label.endswith("dialog"):
         buttons = button_row(lines)
         message = [ln for ln in lines if ln not in buttons]
