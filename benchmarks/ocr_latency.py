@@ -4,7 +4,9 @@ Screens are rendered with real fonts (DejaVu Sans / Mono, Noto Sans CJK) so the 
 accuracy is the mean similarity of each true line to its best-matching read line (spaces ignored).
 Measured side by side in one run: RapidOCR's defaults vs DeskEye's reader settings, 800x600 and
 1920x1080, the cold first call (a fresh process: import + model load + read), a re-read of a frame
-with one changed line, an unchanged frame, and the engine's whole describe call. Prints a table and
+with one changed line, an unchanged frame, a moved window (full read, lines from the recognition cache),
+the engine's whole describe call, and (unless --no-real-windows) describe on real programs under openbox
+with window facts: a zenity dialog over gnumeric, then the same screen after the dialog closed. Prints a table and
 writes benchmarks/results/ocr_latency.json. Times are wall-clock seconds (median and min of N).
 """
 
@@ -129,7 +131,11 @@ def deskeye_reader(**options) -> tuple[Callable, object]:
     from inference_worker.engines.ocr.reader import OcrConfig, OcrReader
 
     reader = OcrReader(OcrConfig(**options))
-    return (lambda image: list(reader.read_full(image).lines)), reader
+
+    def read(image) -> list:
+        reader.clear_cache()                 # a full read with nothing remembered: every line recognised
+        return list(reader.read(image).lines)
+    return read, reader
 
 
 def cold_call_child(width: int, height: int) -> None:
@@ -214,12 +220,112 @@ def describe_row(screen: str, repeats: int) -> dict:
                                   "response_format": deskeye_response_format()})
 
     def call():
-        engine.reader.reset()                                   # a full read each time: the worst case
+        engine.reader.clear_cache()                             # a full read each time: the worst case
         return engine.complete(request, [image])
     call()
     stats, completion = timed(call, repeats)
     return {"case": f"describe {screen} (engine, full read)", "config": "deskeye", **stats,
             "answer": json.loads(completion.text)}
+
+
+def moved_window_row(repeats: int) -> dict:
+    """The whole screen shifted 40 px right and 24 down (a window dragged): more than half the frame changed, so
+    it is a full read, but each line's pixels are the same and recognition comes from the cache."""
+    import numpy as np
+    from PIL import Image
+
+    from inference_worker.engines.ocr.reader import OcrReader
+
+    image, truth = render_screen(800, 600, max_mail_rows=3)
+    pixels = np.asarray(image)
+    moved = np.full_like(pixels, 250)
+    moved[24:, 40:] = pixels[:-24, :-40]
+    frames = [image, Image.fromarray(moved)]
+    reader = OcrReader()
+    reader.read(frames[0])
+    times, cpu_times, result, hits = [], [], None, 0
+    for i in range(repeats):
+        hits_before = reader.num_rec_cache_hits
+        started, started_cpu = time.perf_counter(), time.process_time()
+        result = reader.read(frames[(i + 1) % 2])
+        times.append(time.perf_counter() - started)
+        cpu_times.append(time.process_time() - started_cpu)
+        hits = reader.num_rec_cache_hits - hits_before
+    return {"case": "window moved 800x600 (lines from the cache)", "config": "deskeye",
+            "median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
+            "cpu_s": round(statistics.median(cpu_times), 4), "n": repeats, "lines": len(result.lines),
+            "area_read_fraction": round(result.area_read_fraction, 4), "rec_cache_hits": hits,
+            "accuracy": accuracy([TrueLine(t.text, (t.box[0] + 40, t.box[1] + 24, t.box[2] + 40, t.box[3] + 24))
+                                  for t in truth], result.lines) if (repeats % 2) else None}
+
+
+def real_window_rows(repeats: int) -> list[dict]:
+    """The engine's whole describe on 800x600 grabs of real programs under openbox (the tests' scenes), with the
+    window facts the app sends: full read with an empty cache (the worst case), then the same screen after the
+    front dialog closed (only the uncovered part is read again)."""
+    import shutil
+    import tempfile
+
+    from tests.fixtures.real_desktop import missing_programs, start_real_desktop
+
+    if missing_programs():
+        return [{"case": "real windows", "config": "skipped", "note": "missing: " + ", ".join(missing_programs())}]
+    from deskeye.window_facts import Region, windows_in_region
+    from inference_worker.engines.ocr.engine import OcrEngine
+    from inference_worker.protocol import (build_messages, deskeye_extension, deskeye_response_format,
+                                           parse_chat_request)
+
+    region = Region(112, 84, 800, 600)
+    folder = Path(tempfile.mkdtemp(prefix="deskeye-bench-"))
+    (folder / "budget.csv").write_text("Item,Q1,Q2,Q3\nRent,1200,1200,1250\nSalaries,8400,8650,8900\n"
+                                       "Travel,310,275,420\nSoftware,99,99,149\nTotal,10009,10224,10719\n")
+    engine, desktop, rows = OcrEngine(), start_real_desktop(1024, 768), []
+
+    def request():
+        facts = windows_in_region(region, desktop.display.name)
+        return parse_chat_request({"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", None),
+                                   "response_format": deskeye_response_format(), "deskeye": deskeye_extension(facts)})
+
+    def grab():
+        return desktop.grab((region.left, region.top, region.width, region.height))
+    try:
+        desktop.launch(["gnumeric", "--no-splash", str(folder / "budget.csv")], "gnumeric", at=(112, 84),
+                       timeout_s=120, settle_s=3)
+        dialog = desktop.launch(["zenity", "--error", "--title=Save failed", "--text=Could not write budget.csv:\n"
+                                 "the disk is full."], "zenity", at=(300, 250))
+        with_dialog, with_dialog_request = grab(), request()
+
+        def cold():
+            engine.reader.clear_cache()
+            return engine.complete(with_dialog_request, [with_dialog])
+        cold()
+        stats, completion = timed(cold, repeats)
+        rows.append({"case": "describe real windows 800x600 (dialog over gnumeric)", "config": "deskeye, full read",
+                     **stats, "lines": completion.extra["ocr"]["num_lines"], "answer": json.loads(completion.text)})
+        dialog.terminate()
+        dialog.wait(timeout=10)
+        desktop.wait_painted()
+        closed, closed_request = grab(), request()
+
+        def after_close():
+            engine.reader.clear_cache()
+            engine.complete(with_dialog_request, [with_dialog])        # the screen as it was
+            started, started_cpu = time.perf_counter(), time.process_time()
+            done = engine.complete(closed_request, [closed])
+            return done, time.perf_counter() - started, time.process_time() - started_cpu
+        results = [after_close() for _ in range(repeats)]
+        times, cpu = [r[1] for r in results], [r[2] for r in results]
+        last = results[-1][0]
+        rows.append({"case": "describe real windows after the dialog closed", "config": "deskeye, re-read",
+                     "median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
+                     "cpu_s": round(statistics.median(cpu), 4), "n": repeats,
+                     "area_read_fraction": last.extra["ocr"]["area_read_fraction"],
+                     "answer": json.loads(last.text)})
+    finally:
+        desktop.stop()
+        engine.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
 
 
 def deskeye_label() -> str:
@@ -240,12 +346,13 @@ def sweep_configs() -> list[tuple[str, Callable]]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'case':<48} {'config':<44} {'median_s':>9} {'min_s':>7} {'cpu_s':>7} {'acc':>6}  notes")
+    print(f"{'case':<52} {'config':<44} {'median_s':>9} {'min_s':>7} {'cpu_s':>7} {'acc':>6}  notes")
     for row in rows:
-        notes = {k: v for k, v in row.items() if k in ("lines", "regions", "area_read_fraction",
-                                                       "same_lines_as_full_read", "load_s", "first_read_s")}
-        acc = f"{row['accuracy']:.3f}" if "accuracy" in row else ""
-        print(f"{row['case']:<48} {row['config']:<44} {row.get('median_s', ''):>9} {row.get('min_s', ''):>7} "
+        notes = {k: v for k, v in row.items() if k in ("lines", "regions", "area_read_fraction", "read_s",
+                                                       "same_lines_as_full_read", "load_s", "first_read_s",
+                                                       "full_read", "rec_cache_hits", "note")}
+        acc = f"{row['accuracy']:.3f}" if row.get("accuracy") is not None else ""
+        print(f"{row['case']:<52} {row['config']:<44} {row.get('median_s', ''):>9} {row.get('min_s', ''):>7} "
               f"{row.get('cpu_s', ''):>7} {acc:>6}  {notes}")
 
 
@@ -263,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (median and min reported)")
     parser.add_argument("--sweep", action="store_true", help="also compare detector sizes x recognition heights")
+    parser.add_argument("--no-real-windows", action="store_true",
+                        help="skip the real programs under openbox (Xvfb, openbox, gnumeric, zenity needed)")
     parser.add_argument("--cold-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cold_child:
@@ -275,6 +384,9 @@ def main(argv: list[str] | None = None) -> None:
     rows += full_read_rows(configs + (sweep_configs() if args.sweep else []), args.repeats)
     rows += reread_rows([(800, 600), (1920, 1080)], args.repeats)
     rows += [describe_row(screen, args.repeats) for screen in ("800x600, 9 lines", "800x600, 20 lines")]
+    rows.append(moved_window_row(args.repeats))
+    if not args.no_real_windows:
+        rows += real_window_rows(args.repeats)
     env["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print_table(rows)
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)

@@ -299,7 +299,8 @@ class App:
         frame = job.frame or self._user_frame()
         if frame is None:
             return
-        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(), on_text=self._stream)
+        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(), on_text=self._stream,
+                                 windows=frame.windows)
         self.change.mark_described(frame.image, frame.masks)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
         self._show(Kind.ANSWER, answer.summary, answer.key_objects)   # a changed screen is shown too
@@ -320,7 +321,7 @@ class App:
         if deep:
             max_tokens = min(self.settings.worker.max_tokens * DEEP_MAX_TOKENS_FACTOR, MAX_REQUEST_TOKENS)
         answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens,
-                                 on_text=None if deep else self._stream)
+                                 on_text=None if deep else self._stream, windows=frame.windows)
         self._remember(job.question, answer)
         self._show(Kind.ANSWER, answer.summary, answer.key_objects)
         if deep:

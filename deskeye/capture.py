@@ -33,9 +33,8 @@ MASK_COLOUR = (0, 0, 0)           # what DeskEye's own windows look like in a fr
 
 @dataclass(frozen=True)
 class Frame:
-    """One grab: the pixels, where on the screen they came from, and what was masked out of them.
-
-    `windows` is free for facts about the windows in the frame (attached by whoever reads them)."""
+    """One grab: the pixels, where on the screen they came from, what was masked out of them, and the windows
+    in it (front first, deskeye.window_facts)."""
     image: Image.Image
     rect: Rect
     masked: tuple[Rect, ...] = ()
@@ -139,7 +138,7 @@ class ScreenGrabber:
             raise CaptureError(f"Screen capture of {rect} failed: {exc}") from None
         image = Image.frombytes("RGB", shot.size, shot.bgra, "raw", "BGRX")
         masked = mask_image(image, rect, self._mask())
-        return Frame(image, rect, masked)
+        return Frame(image, rect, masked, _window_facts(rect))
 
     def close_thread(self) -> None:
         """Close the calling thread's mss instance (call it at the end of a thread that grabbed)."""
@@ -162,9 +161,20 @@ def mask_image(image: Image.Image, rect: Rect, covers: list[Rect]) -> tuple[Rect
 
 def grab_png(settings: Settings, region: str | tuple | None = None) -> bytes:
     """One PNG of the configured region (or `region`, "X,Y,W,H" relative to the monitor): for one-shot commands."""
+    return grab_frame(settings, region).png()
+
+
+def grab_frame(settings: Settings, region: str | tuple | None = None) -> Frame:
+    """One frame (pixels and window facts) of the configured region, or `region`: for one-shot commands."""
     grabber = ScreenGrabber(settings.capture, region)
     try:
-        return grabber.grab().png()
+        return grabber.grab()
     finally:
         grabber.close_thread()
+
+
+def _window_facts(rect: Rect) -> tuple:
+    """The windows in `rect`, front first (() where X cannot tell: see deskeye.window_facts)."""
+    from deskeye.window_facts import Region, windows_in_region
+    return tuple(windows_in_region(Region(rect.left, rect.top, rect.width, rect.height)))
 

@@ -26,6 +26,7 @@ from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.settings import Settings
 from deskeye.supervisor import Endpoint, WorkerSupervisor
 from deskeye.prompt import Turn, build_messages, deskeye_response_format, parse_description
+from deskeye.window_facts import WindowFact, deskeye_extension
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: the opening of a DeskEye answer up to its summary string, and that string's characters so far (linear: the
@@ -58,23 +59,26 @@ class WorkerClient:
 
     def ask(self, question: str, image_png: bytes | None, memory: list[Turn] = (), *,
             max_tokens: int | None = None, context: str | None = None,
-            on_text: TextCallback | None = None) -> Answer:
+            on_text: TextCallback | None = None,
+            windows: "list[WindowFact] | tuple[WindowFact, ...]" = ()) -> Answer:
         """One answer. Raises WorkerUnavailable (no worker) or AnswerError (an answer DeskEye cannot use).
 
-        `on_text`: stream the answer and call it with the summary text decoded so far, each time it grows."""
+        `on_text`: stream the answer and call it with the summary text decoded so far, each time it grows.
+        `windows`: the window facts of the frame (deskeye.window_facts), sent as the request's "deskeye" field."""
         import openai
 
         messages = build_messages(question, image_png, list(memory), context)
+        extra_body = {"deskeye": deskeye_extension(windows)} if windows else None
         max_tokens = max_tokens or self.settings.worker.max_tokens
         endpoint = self.supervisor.endpoint()
         try:
-            return self._ask_once(endpoint, messages, max_tokens, on_text)
+            return self._ask_once(endpoint, messages, max_tokens, on_text, extra_body)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError:
             endpoint = self.supervisor.recover(endpoint)     # raises WorkerUnavailable if it stays down
         try:
-            return self._ask_once(endpoint, messages, max_tokens, on_text)
+            return self._ask_once(endpoint, messages, max_tokens, on_text, extra_body)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError as exc:
@@ -90,14 +94,14 @@ class WorkerClient:
     # ------------------------------------------------------------------ one request
 
     def _ask_once(self, endpoint: Endpoint, messages: list[dict], max_tokens: int,
-                  on_text: TextCallback | None = None) -> Answer:
+                  on_text: TextCallback | None = None, extra_body: dict | None = None) -> Answer:
         import openai
 
         client = self._openai(endpoint)
         model = self._model_id(client, endpoint)
         started = time.perf_counter()
         request = dict(model=model, messages=messages, response_format=deskeye_response_format(), temperature=0,
-                       max_tokens=max_tokens)
+                       max_tokens=max_tokens, extra_body=extra_body)
         try:
             if on_text is not None:
                 content, finish_reason, engine = self._stream(endpoint, client, request, on_text)

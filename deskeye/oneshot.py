@@ -31,7 +31,8 @@ class PrivacyRefusal(DeskEyeError):
 
 def cmd_describe(args, settings: Settings) -> int:
     settings = _apply_overrides(args, settings)
-    answer = _ask_once(settings, DESCRIBE_QUESTION, _frame_png(args, settings))
+    png, windows = _frame_png(args, settings)
+    answer = _ask_once(settings, DESCRIBE_QUESTION, png, windows)
     _print_answer(answer, as_json=args.json)
     return 0
 
@@ -44,7 +45,8 @@ def cmd_ask(args, settings: Settings) -> int:
     routed = _route(question, settings)
     if routed.quick_answer is not None:
         return _print_quick(routed.quick_answer, as_json=args.json)
-    answer = _ask_once(settings, question, _frame_png(args, settings))
+    png, windows = _frame_png(args, settings)
+    answer = _ask_once(settings, question, png, windows)
     _print_answer(answer, as_json=args.json, tier=routed.tier)
     return 0
 
@@ -62,10 +64,11 @@ def _apply_overrides(args, settings: Settings) -> Settings:
     return with_overrides(settings, worker=overrides) if overrides else settings
 
 
-def _frame_png(args, settings: Settings) -> bytes:
-    """The image file as PNG, else a grab of the region (--region, else the configured one), unless private."""
+def _frame_png(args, settings: Settings) -> tuple[bytes, tuple]:
+    """The image file as PNG (no window facts), else a grab of the region (--region, else the configured one) and
+    the windows in it, unless private."""
     if getattr(args, "image", None) is not None:
-        return load_image_png(args.image)
+        return load_image_png(args.image), ()
     from deskeye.capture import ScreenGrabber
     from deskeye.privacy import check_privacy
     from deskeye.x11_windows import OwnWindows
@@ -74,7 +77,8 @@ def _frame_png(args, settings: Settings) -> bytes:
         verdict = check_privacy(settings.excluded_titles, region=grabber.rect(), windows=windows.windows())
         if verdict.is_excluded:
             raise PrivacyRefusal(verdict.reason)
-        return grabber.grab().png()
+        frame = grabber.grab()
+        return frame.png(), frame.windows
     finally:
         grabber.close_thread()
         windows.close_thread()
@@ -116,7 +120,7 @@ def _fit(size: tuple[int, int], max_pixels: int) -> tuple[int, int]:
     return max(1, int(size[0] * scale)), max(1, int(size[1] * scale))
 
 
-def _ask_once(settings: Settings, question: str, png: bytes) -> Answer:
+def _ask_once(settings: Settings, question: str, png: bytes, windows: tuple = ()) -> Answer:
     supervisor = WorkerSupervisor(settings)
     if not supervisor.is_external:
         print(f"deskeye: starting the worker (engine {settings.worker.engine}"
@@ -124,7 +128,7 @@ def _ask_once(settings: Settings, question: str, png: bytes) -> Answer:
     client = WorkerClient(supervisor, settings)
     try:
         supervisor.start()
-        return client.ask(question, png)
+        return client.ask(question, png, windows=windows)
     finally:
         client.close()
         supervisor.stop()

@@ -8,6 +8,8 @@ deskeye_apt xvfb xauth xdotool x11-utils xcompmgr imagemagick fonts-noto-cjk fon
 deskeye_apt openbox dunst trayer tint2 xfce4-panel x11-apps
 # The tray icon (GTK 3 + Ayatana AppIndicator typelibs) and what pip needs to build PyGObject against them.
 deskeye_apt $DESKEYE_TRAY_APT
+# Real programs the OCR tests render their screens with (a terminal, dialogs, a spreadsheet).
+deskeye_apt xterm zenity gnumeric
 # torch is pinned to the CPU build: never let pip pick a CUDA one for the tests.
 deskeye_env "worker,dev,tray" "torch==2.13.0"
 cd "$ROOT"

@@ -160,7 +160,7 @@ def test_chinese_inbox_is_an_email_inbox_with_its_unread_count(screens):
     image, answer, completion = screens["inbox"]
     assert answer["key_objects"][0] == "email inbox", answer
     assert "3 unread" in answer["key_objects"], answer
-    assert answer["summary"].startswith("An email inbox: “"), answer
+    assert answer["summary"].startswith("An email inbox “"), answer     # its header bar names the window
     assert "邮件-收件箱" in squashed(answer["summary"]), answer          # the title line, quoted
     assert completion.extra["ocr"]["full_reads"] == 1
 
@@ -176,7 +176,7 @@ def test_the_inbox_concept_matched_through_its_chinese_words(engine, screens):
 def test_error_dialog_quotes_what_failed(screens):
     _, answer, _ = screens["error"]
     assert answer["key_objects"][0] == "error dialog", answer
-    assert answer["summary"].startswith("An error dialog: “Error”"), answer        # title first
+    assert answer["summary"].startswith("An error dialog “Error”: "), answer        # title first
     assert "couldnotsavereport.docx" in squashed(answer["summary"]), answer
 
 

@@ -332,11 +332,14 @@ def test_answers_match_the_documented_response_models(tiny_worker):
 
 def test_the_deskeye_request_extension_is_accepted_as_an_object(tiny_worker):
     good = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-            "deskeye": {"window": {"title": "Terminal", "app": "xterm"}}}
+            "deskeye": {"windows": [{"title": "Terminal", "app": "xterm", "box": [0, 0, 400, 300]}],
+                        "unknown": "ignored"}}
     assert tiny_worker.request("POST", CHAT, good)[0] == 200
     status, body = tiny_worker.request("POST", CHAT, {**good, "deskeye": "not an object"})
     assert status == 400 and body["error"]["param"] == "deskeye"
-    assert parse_chat_request(good).deskeye == {"window": {"title": "Terminal", "app": "xterm"}}
+    (window,) = parse_chat_request(good).windows
+    assert (window.title, window.app, window.box, window.frame) == ("Terminal", "xterm", (0, 0, 400, 300),
+                                                                   (0, 0, 400, 300))
 
 
 def test_openapi_describes_the_chat_request_and_needs_the_key(tiny_worker):

@@ -118,6 +118,14 @@ class EntityKind:
 _MONTH = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sept?(?:ember)?"
           r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\b")
 ENTITY_KINDS: tuple[EntityKind, ...] = (
+    EntityKind("error name", "{0}", (
+        r"(?<![\w.])(?:[a-z_][\w]*\.)*(?P<v>[A-Z][A-Za-z0-9]*(?:Error|Exception|Interrupt|Warning|Fault))"
+        r"(?![A-Za-z0-9])",
+        # a traceback's last line starts with the name and a colon, which small fonts make OCR read as t, i or ;
+        r"^(?:[a-z_][\w]*\.)*(?P<v>[A-Z][A-Za-z0-9]*(?:Error|Exception))[ti;](?=\s|['\"(\[]|$)")),
+    EntityKind("source line", "{0}", (       # group "n" is the line number: "calc.py:2"
+        r"File \"(?:[^\"]*[/\\])?(?P<v>[^\"/\\]{1,60})\", line (?P<n>\d{1,7})",
+        r"(?<![\w/.-])(?:[\w.-]*/)*(?P<v>[\w-]{1,60}\.[A-Za-z]{1,5}):(?P<n>\d{1,7})(?![\d])")),
     EntityKind("unread", "{0} unread", (
         r"(?i)\b(?P<v>\d{1,5})\s*(unread|new (messages?|emails?|mails?))\b", r"(?i)\bunread\s*[(:]?\s*(?P<v>\d{1,5})",
         r"(?i)\binbox\s*\(\s*(?P<v>\d{1,5})\s*\)", r"(?P<v>\d{1,5})\s*(封|条|个)?\s*未读", r"未读\s*[(:]?\s*(?P<v>\d{1,5})",
@@ -131,9 +139,9 @@ ENTITY_KINDS: tuple[EntityKind, ...] = (
         r"(?P<v>\d{4}年\d{1,2}月\d{1,2}[日号])", r"(?P<v>\d{1,2}月\d{1,2}[日号])",
         r"(?i)(?P<v>\b" + _MONTH + r"\.?\s\d{1,2}(?:,\s?\d{4})?\b)",
         r"(?i)(?P<v>\b\d{1,2}\s" + _MONTH + r"\.?(?:\s\d{4})?\b)")),
-    EntityKind("amount", "amount {0}", (
-        r"(?P<v>[$€£¥￥]\s?\d[\d,]*(?:\.\d{1,2})?)",
-        r"(?i)(?P<v>\b\d[\d,]*(?:\.\d{1,2})?\s?(?:usd|eur|gbp|cny|rmb|元|美元|欧元))")),
+    EntityKind("amount", "amount {0}", (       # as written: thousands separators and the currency kept
+        r"(?P<v>[$€£¥￥]\s?(?:\d{1,3}(?:[,.]\d{3})+|\d+)(?:[.,]\d{1,2})?)(?!\d)",
+        r"(?i)(?P<v>\b(?:\d{1,3}(?:[,.]\d{3})+|\d+)(?:[.,]\d{1,2})?\s?(?:usd|eur|gbp|cny|rmb|元|美元|欧元))")),
     EntityKind("link", "link {0}", (
         r"(?i)\b(?:https?://)(?P<v>[^\s\"'<>]+)", r"(?i)\b(?P<v>www\.[^\s\"'<>]+)",
         r"(?i)(?<![@\w.])(?P<v>[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|dev|cn|co|ai|app|gov|edu)"
@@ -269,9 +277,12 @@ def term_in(term: str, text: str) -> bool:
 def match_concepts(texts: Sequence[str]) -> list[ConceptMatch]:
     """Concepts the lines mention, best first. Score = weight x pieces of evidence (see ConceptMatch.strength)."""
     prepared = [PreparedLine.of(text) for text in texts]
+    everything = PreparedLine("\n".join(p.text for p in prepared), "\n".join(p.lower_words for p in prepared),
+                              "\n".join(p.compact_words for p in prepared))
+    present = {term for term, prepared_term in _TERMS.items() if prepared_term.found_in(everything)}
     found: dict[str, ConceptMatch] = {}
     for concept in VOCABULARY:
-        evidence = _evidence(concept, prepared)
+        evidence = _evidence(concept, prepared, present)
         if evidence:
             found[concept.label] = ConceptMatch(concept, concept.weight * min(len(set(evidence)), 4),
                                                 tuple(evidence))
@@ -280,13 +291,16 @@ def match_concepts(texts: Sequence[str]) -> list[ConceptMatch]:
     return sorted([m for m in kept if m.concept.label not in hidden], key=lambda m: -m.score)  # ties: table order
 
 
-def _evidence(concept: Concept, lines: Sequence[PreparedLine]) -> list[tuple[int, int]]:
+def _evidence(concept: Concept, lines: Sequence[PreparedLine], present: set[str]) -> list[tuple[int, int]]:
+    """(rank, line index) of each pattern and term found; terms are looked for only in lines when `present`
+    (found in all the lines joined: a cheap first pass, since most terms are on no line)."""
     evidence = []
+    terms = [(rank, term) for rank, term in enumerate(concept.terms, start=len(concept.patterns)) if term in present]
     for index, line in enumerate(lines):
         for rank, pattern in enumerate(concept.patterns):
             if _COMPILED_PATTERNS[pattern].search(line.text):
                 evidence.append((rank, index))
-        for rank, term in enumerate(concept.terms, start=len(concept.patterns)):
+        for rank, term in terms:
             if _TERMS[term].found_in(line):
                 evidence.append((rank, index))
     return evidence
@@ -302,6 +316,8 @@ def extract_entities(texts: Sequence[str]) -> list[Entity]:
             for regex in regexes:
                 for found in regex.finditer(cleaned):
                     value = (found.groupdict().get("v") or found.group(0)).strip().rstrip(".,;:)")
+                    if found.groupdict().get("n"):
+                        value = f"{value}:{found.group('n')}"
                     if value and (kind.name, value.lower()) not in seen:
                         seen.add((kind.name, value.lower()))
                         entities.append(Entity(kind.name, value, index))
@@ -352,16 +368,17 @@ def title_index(lines: Sequence[LineLike], texts: Sequence[str], frame_height: i
 
 
 def salient_order(lines: Sequence[LineLike], texts: Sequence[str], matches: Sequence[ConceptMatch],
-                  entities: Sequence[Entity], frame_height: int) -> list[int]:
-    """Line indexes, most worth quoting first: the title, lines that made the best concepts match (their
-    most telling term first), lines holding entities, then the rest in reading order. No duplicate texts."""
+                  entities: Sequence[Entity], frame_height: int, *, title_first: bool = True) -> list[int]:
+    """Line indexes, most worth quoting first: the title (unless the caller knows it: `title_first`), lines that
+    made the best concepts match (their most telling term first), lines holding entities, then the rest in
+    reading order. No duplicate texts."""
     rank: dict[int, tuple] = {}
     for concept_rank, match in enumerate(matches):
         for term_rank, index in match.evidence:
             rank[index] = min(rank.get(index, (9e9,)), (concept_rank, term_rank, index))
     for entity in entities:
         rank.setdefault(entity.line_index, (len(matches), 0, entity.line_index))
-    title = title_index(lines, texts, frame_height)
+    title = title_index(lines, texts, frame_height) if title_first else None
     order = sorted(range(len(texts)), key=lambda i: (i != title, rank.get(i, (9e9, 0, i))))
     unique, seen = [], set()
     for i in order:

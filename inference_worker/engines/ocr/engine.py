@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from inference_worker.engines.base import Engine, Prepared, emit_in_pieces
-from inference_worker.engines.ocr.reader import OcrConfig, OcrLine, OcrReader, ReadResult
+from inference_worker.engines.ocr.reader import OcrConfig, OcrLine, OcrReader, ReadResult, to_bgr
+from inference_worker.engines.ocr.screen import describe_screen, faithful_lines
+from inference_worker.engines.ocr.windows import segment
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
 from inference_worker.engines.ocr.concepts import (LineLike, ScreenDescription, clean, compact, compose_summary,
-                                              describe, salient_order)
+                                                   describe, extract_entities, match_concepts, salient_order)
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -43,7 +45,10 @@ class OcrEngine(Engine):
                                 param="messages")
         started = time.perf_counter()
         reads = [self.reader.read(image) for image in images]
-        described = describe_reads(reads, question_of(request))
+        if len(images) == 1:
+            described = describe_frame(reads[0], to_bgr(images[0]), request.windows, question_of(request))
+        else:
+            described = describe_reads(reads, question_of(request))
         text = render_answer(described, request.json_schema)
         return Completion(
             text=text, finish_reason="stop",
@@ -82,6 +87,18 @@ def describe_reads(reads: list[ReadResult], question: str) -> ScreenDescription:
         lines.extend(_bounded(_shifted(line, offset_px)) for line in read.lines)
         offset_px += read.frame_size[1]
     return answer(lines, max(1, offset_px), question)
+
+
+def describe_frame(read: ReadResult, bgr, windows, question: str) -> ScreenDescription:
+    """One frame: its windows (from the request's window facts, else from the pixels), the foreground one
+    first; a question's lines first when it has content words."""
+    height = max(1, read.frame_size[1])
+    views = segment(read.lines, bgr, windows)
+    described = describe_screen(views, bgr, height)
+    if not question_words(question):
+        return described
+    lines = [line for view in views for line in faithful_lines(view.lines, bgr)]
+    return answer(lines, height, question, described)
 
 
 def render_answer(described: ScreenDescription, schema: dict[str, Any] | None) -> str:
@@ -175,15 +192,17 @@ def question_words(question: str) -> list[QuestionWord]:
     return list({w.shown: w for w in words}.values())[:MAX_QUESTION_WORDS]
 
 
-def answer(lines: Sequence[LineLike], frame_height: int, question: str) -> ScreenDescription:
-    """The description, with the lines that contain the question's words quoted first. A question with no
-    content words ("what is on my screen?") gets the plain description; one no line mentions says so."""
-    described = describe(lines, frame_height)
+def answer(lines: Sequence[LineLike], frame_height: int, question: str,
+           described: ScreenDescription | None = None) -> ScreenDescription:
+    """The description (`described`, else one made of `lines`), with the lines that contain the question's words
+    quoted first. A question with no content words ("what is on my screen?") gets the plain description; one no
+    line mentions says so."""
+    described = described or describe(lines, frame_height)
     words = question_words(question)
     texts = [clean(line.text) for line in lines]
     if not words or not any(texts):
         return described
-    ranked = salient_order(lines, texts, described.matches, described.entities, frame_height)
+    ranked = salient_order(lines, texts, match_concepts(texts), extract_entities(texts), frame_height)
     keys = [key for word in words for key in word.keys]
     relevant = [i for i in ranked if any(key in compact(texts[i]) for key in keys)]
     asked = ", ".join(f"“{w.shown}”" for w in words[:3])

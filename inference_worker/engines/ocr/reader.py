@@ -42,6 +42,9 @@ class OcrConfig:
     margin_px: int = 12
     #: when the changed regions cover more than this fraction of the frame, read the whole frame
     max_reread_fraction: float = 0.5
+    #: recognised crops remembered by their pixels: a line that did not change is not recognised again,
+    #: even when the frame around it did (a dialog opened, the window moved); 0 = no cache
+    max_rec_cache_entries: int = 2048
 
     def __post_init__(self):
         if not 64 <= self.det_max_side_px <= 4096:
@@ -56,6 +59,8 @@ class OcrConfig:
             raise ValueError("diff_threshold must be 0..255 and margin_px >= 0.")
         if not 0.0 < self.max_reread_fraction <= 1.0:
             raise ValueError(f"max_reread_fraction must be in (0, 1]; got {self.max_reread_fraction}.")
+        if not 0 <= self.max_rec_cache_entries <= 100_000:
+            raise ValueError(f"max_rec_cache_entries must be 0..100000; got {self.max_rec_cache_entries}.")
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ class OcrReader:
         self._ocr: Any = None                      # rapidocr_onnxruntime.RapidOCR, loaded on first use
         self._last_frame: np.ndarray | None = None
         self._last_lines: tuple[OcrLine, ...] = ()
+        self._rec_cache: dict[bytes, tuple[str, float]] = {}    # crop pixels' digest -> (text, score)
+        self.num_rec_cache_hits = 0
 
     @property
     def is_loaded(self) -> bool:
@@ -113,9 +120,14 @@ class OcrReader:
         """Forget the previous frame: the next read is a full read."""
         self._last_frame, self._last_lines = None, ()
 
-    def close(self) -> None:
-        """Forget the previous frame and free the models (a later read loads them again)."""
+    def clear_cache(self) -> None:
+        """Forget recognised crops too: the next read recognises every line (the benchmarks' worst case)."""
         self.reset()
+        self._rec_cache.clear()
+
+    def close(self) -> None:
+        """Forget the previous frame and the cache, and free the models (a later read loads them again)."""
+        self.clear_cache()
         self._ocr = None
 
     def read(self, frame: "Image | np.ndarray") -> ReadResult:
@@ -187,18 +199,29 @@ class OcrReader:
         return result
 
     def _recognize(self, bgr: np.ndarray, quads: list[np.ndarray]) -> list[OcrLine]:
+        """Recognise the quads' crops; a crop seen before (the same pixels) comes from the cache."""
         if not quads:
             return []
         crops = self._ocr.get_crop_img_list(bgr, quads)
         rec = self._ocr.text_rec
         lines = []
         for quad, crop in zip(quads, crops):
-            preds = rec.session(_rec_input(crop, self.config.rec_height_px))[0]
-            text, score = rec.postprocess_op(preds)[0][:2]
-            text = text.strip()
+            key = _text_key(bgr, _quad_rect(quad))
+            if key in self._rec_cache:
+                self.num_rec_cache_hits += 1
+            else:
+                preds = rec.session(_rec_input(crop, self.config.rec_height_px))[0]
+                text, score = rec.postprocess_op(preds)[0][:2]
+                self._remember(key, (text.strip(), round(float(score), 4)))
+            text, score = self._rec_cache[key]
             if text and score >= self.config.min_score:
-                lines.append(OcrLine(text, _quad_rect(quad), round(float(score), 4)))
+                lines.append(OcrLine(text, _quad_rect(quad), score))
         return lines
+
+    def _remember(self, key: bytes, result: tuple[str, float]) -> None:
+        self._rec_cache[key] = result
+        while len(self._rec_cache) > max(1, self.config.max_rec_cache_entries):
+            self._rec_cache.pop(next(iter(self._rec_cache)))            # oldest first
 
 
 # -------------------------------------------------------------------- pure helpers
@@ -303,6 +326,22 @@ def _load_rapidocr(config: OcrConfig) -> Any:
                         det_limit_type="max")   # "max" never scales up; _fit scales down
     finally:
         OrtInferSession._init_sess_opts = staticmethod(make_options)
+
+
+def _text_key(bgr: np.ndarray, rect: Rect) -> bytes:
+    """A digest of the text's own pixels: the line's box in the frame, trimmed to its ink (what differs from
+    the box's border colour), so the same text drawn elsewhere, or boxed a pixel wider, has the same key."""
+    import hashlib
+
+    patch = bgr[max(0, rect[1]):rect[3], max(0, rect[0]):rect[2]]
+    if patch.size:
+        border = np.concatenate([patch[0], patch[-1], patch[:, 0], patch[:, -1]])
+        ink = (np.abs(patch.astype(np.int16) - np.median(border, axis=0)).max(axis=2) > 40)
+        rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+        if rows.size:
+            patch = patch[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+    return hashlib.blake2b(np.ascontiguousarray(patch).data, digest_size=16,
+                           person=f"{patch.shape[0]}x{patch.shape[1]}".encode()[:16]).digest()
 
 
 def _rec_input(crop: np.ndarray, height_px: int) -> np.ndarray:
