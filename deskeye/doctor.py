@@ -151,8 +151,8 @@ def check_model(settings: Settings) -> Check:
     if worker.url:
         return Check("model", True, f"served by the external server ({worker.remote_model or 'its first model'})")
     if not worker.model:
-        if worker.engine == "transformers":
-            return Check("model", False, "worker.engine is \"transformers\" but worker.model is empty: set "
+        if worker.engine in ("transformers", "openvino"):
+            return Check("model", False, f"worker.engine is \"{worker.engine}\" but worker.model is empty: set "
                                          "worker.model to a model folder or Hugging Face id.")
         return Check("model", True, "none configured: using the OCR engine")
     if worker.engine == "ocr":
@@ -160,11 +160,29 @@ def check_model(settings: Settings) -> Check:
     folder, where = locate_model(worker.model)
     if folder is None:
         return Check("model", False, where)
+    if worker.engine == "openvino" or is_openvino_folder(folder):
+        return check_openvino_folder(folder, where, worker.engine)
     missing = missing_model_files(folder)
     if missing:
         return Check("model", False, f"{where} is incomplete: {missing}. Download it again "
                                      f"(e.g. `hf download {worker.model}`).")
     return Check("model", True, f"{where}: config, weights and tokenizer present (not loaded)")
+
+
+def is_openvino_folder(folder: Path) -> bool:
+    from inference_worker.engines.openvino.ir_folder import is_ir_folder
+    return is_ir_folder(folder)
+
+
+def check_openvino_folder(folder: Path, where: str, engine: str) -> Check:
+    """An OpenVINO IR folder: every IR file, config and tokenizer present, a family the engine drives."""
+    from inference_worker.engines.openvino.ir_folder import IRFolderError, check_ir_folder
+    try:
+        check_ir_folder(folder)
+    except IRFolderError as exc:
+        return Check("model", False, str(exc))
+    how = "" if engine == "openvino" else " (worker.engine auto: served by OpenVINO on the CPU)"
+    return Check("model", True, f"{where}: OpenVINO IR model, every part present (not compiled){how}")
 
 
 def locate_model(model: str) -> tuple[Path | None, str]:

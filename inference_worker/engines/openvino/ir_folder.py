@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from inference_worker.engines.hf.loading import ModelLoadError
-
 LANGUAGE_MODEL = "openvino_language_model"
 TEXT_EMBEDDINGS = "openvino_text_embeddings_model"
 VISION_EMBEDDINGS = "openvino_vision_embeddings_model"
@@ -25,8 +23,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 EXPORT_HINT = "bash scripts/export_openvino.sh MODEL_DIR_OR_ID OUT_DIR"
 
 
-class IRFolderError(ModelLoadError):
-    """The folder cannot be served by the OpenVINO engine; the message names what is wrong and the fix."""
+class IRFolderError(Exception):
+    """The folder cannot be served by the OpenVINO engine; the message names what is wrong and the fix.
+    (Standard library only in this module: `deskeye doctor` imports it without the worker's dependencies.)"""
 
 
 def is_ir_folder(path: str | Path) -> bool:
