@@ -249,3 +249,18 @@ def test_a_corrupt_cache_dir_costs_one_warning_line_and_the_worker_serves(ir_int
     engine = _engine(ir_int8, cache)
     assert engine.complete(request, images).text == fresh
     engine.close()
+
+
+def test_benchmark_runs_and_reports_every_target(llava_source, ir_int8, tmp_path):
+    """benchmarks/openvino.py end to end on the session's export (small counts); speed itself is not asserted."""
+    from benchmarks import openvino as bench
+    out = tmp_path / "openvino.json"
+    assert bench.main(["--ir", str(ir_int8), "--source", str(llava_source), "--requests", "3", "--decode-runs", "1",
+                       "--restarts", "1", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert [row["target"] for row in report["targets"]] == [
+        "decode tokens/s, OpenVINO INT8 / transformers", "IR size / FP32 weights",
+        "schema-valid share of sampled answers", "warm CACHE_DIR start / cold compile"]
+    assert all(isinstance(row["measured"], (int, float)) and isinstance(row["met"], bool) for row in report["targets"])
+    assert report["schema"]["num_requests"] == 3 and report["decode"]["num_samples"]["openvino_int8"] >= 1
+    assert report["restart"]["cold_s"] > 0 and report["restart"]["warm_s"] > 0
