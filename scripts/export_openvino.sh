@@ -13,7 +13,10 @@ PY="${PYTHON:-python3}"
 PINS=("optimum-intel==2.2.0" "transformers==5.5.4" "huggingface-hub<1.22" "torch==2.13.0" "nncf==3.4.0"
       "openvino==2026.4.1" "openvino-tokenizers==2026.4.1.0")
 
-usage() { echo "usage: bash scripts/export_openvino.sh MODEL_DIR_OR_ID OUT_DIR [--weight-format int8|int4|fp16|fp32]" >&2; exit 2; }
+usage() {
+    echo "usage: bash scripts/export_openvino.sh MODEL_DIR_OR_ID OUT_DIR [--weight-format int8|int4|fp16|fp32]" >&2
+    exit 2
+}
 [ "$#" -ge 2 ] || usage
 MODEL="$1"; OUT="$2"; shift 2
 WEIGHTS="int8"

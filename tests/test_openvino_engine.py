@@ -264,3 +264,16 @@ def test_benchmark_runs_and_reports_every_target(llava_source, ir_int8, tmp_path
     assert all(isinstance(row["measured"], (int, float)) and isinstance(row["met"], bool) for row in report["targets"])
     assert report["schema"]["num_requests"] == 3 and report["decode"]["num_samples"]["openvino_int8"] >= 1
     assert report["restart"]["cold_s"] > 0 and report["restart"]["warm_s"] > 0
+
+
+def test_doctor_and_settings_know_the_openvino_engine(ir_int8, tmp_path):
+    from deskeye.doctor import check_model
+    from deskeye.settings import Settings, with_overrides
+    ok = check_model(with_overrides(Settings(), worker={"engine": "openvino", "model": str(ir_int8)}))
+    assert ok.is_ok and "OpenVINO IR model" in ok.detail
+    auto = check_model(with_overrides(Settings(), worker={"model": str(ir_int8)}))
+    assert auto.is_ok and "served by OpenVINO" in auto.detail
+    broken = shutil.copytree(ir_int8, tmp_path / "broken")
+    (broken / "openvino_language_model.bin").unlink()
+    failed = check_model(with_overrides(Settings(), worker={"engine": "openvino", "model": str(broken)}))
+    assert not failed.is_ok and "missing openvino_language_model.bin" in failed.detail

@@ -3,7 +3,8 @@
 - "ocr": RapidOCR (CPU, models inside its wheel), no torch.
 - "transformers": a vision-language model from a local folder or Hugging Face id.
 - "openvino": an OpenVINO IR folder (scripts/export_openvino.sh) on the CPU, no torch model (engines/openvino/).
-- "auto": openvino when the model is an OpenVINO IR folder (no GPU needed); else transformers when a model is given, falling back to OCR (with a warning) when it cannot load;
+- "auto": openvino when the model is an OpenVINO IR folder (no GPU needed); else transformers when a model is
+  given, falling back to OCR (with a warning) when it cannot load;
   OCR when no model is given.
 `ground_with_ocr` wraps a model engine so each prompt also carries the OCR text of its images.
 

@@ -151,5 +151,6 @@ def read_properties(compiled: Any) -> dict[str, str]:
 
 def _first_line(exc: Exception) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = next((line for line in lines if not line.startswith(("Exception from", "Check "))), lines[0] if lines else "")
+    fallback = lines[0] if lines else ""
+    text = next((line for line in lines if not line.startswith(("Exception from", "Check "))), fallback)
     return (text or type(exc).__name__)[:300]
