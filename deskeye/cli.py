@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="start the tray app: capture loop, hotkeys, overlay")
     p.add_argument("--region", help="X,Y,W,H screen region to watch (default: 800x600 centred)")
-    p.add_argument("--engine", choices=["auto", "ocr", "transformers"], help="worker engine (default: settings)")
+    p.add_argument("--engine", choices=["auto", "ocr", "transformers", "openvino"], help="worker engine (default: settings)")
     p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
     p.set_defaults(handler="deskeye.app:cmd_run")
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--region", help="X,Y,W,H screen region (default: settings)")
     p.add_argument("--json", action="store_true",
                    help='print exactly {"summary", "key_objects", "engine", "latency_ms"}')
-    p.add_argument("--engine", choices=["auto", "ocr", "transformers"], help="worker engine (default: settings)")
+    p.add_argument("--engine", choices=["auto", "ocr", "transformers", "openvino"], help="worker engine (default: settings)")
     p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
     p.set_defaults(handler="deskeye.oneshot:cmd_describe")
 
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--image", type=Path, help="ask about this image file instead of the screen")
     src.add_argument("--region", help="X,Y,W,H screen region (default: settings)")
     p.add_argument("--json", action="store_true", help='print the answer as JSON (describe\'s keys plus "tier")')
-    p.add_argument("--engine", choices=["auto", "ocr", "transformers"], help="worker engine (default: settings)")
+    p.add_argument("--engine", choices=["auto", "ocr", "transformers", "openvino"], help="worker engine (default: settings)")
     p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
     p.set_defaults(handler="deskeye.oneshot:cmd_ask")
 

@@ -151,8 +151,8 @@ def check_model(settings: Settings) -> Check:
     if worker.url:
         return Check("model", True, f"served by the external server ({worker.remote_model or 'its first model'})")
     if not worker.model:
-        if worker.engine == "transformers":
-            return Check("model", False, "worker.engine is \"transformers\" but worker.model is empty: set "
+        if worker.engine in ("transformers", "openvino"):
+            return Check("model", False, f"worker.engine is \"{worker.engine}\" but worker.model is empty: set "
                                          "worker.model to a model folder or Hugging Face id.")
         return Check("model", True, "none configured: using the OCR engine")
     if worker.engine == "ocr":
@@ -160,11 +160,38 @@ def check_model(settings: Settings) -> Check:
     folder, where = locate_model(worker.model)
     if folder is None:
         return Check("model", False, where)
+    if worker.engine == "openvino" or is_openvino_folder(folder):
+        return check_openvino_folder(folder, where, worker.engine)
     missing = missing_model_files(folder)
     if missing:
         return Check("model", False, f"{where} is incomplete: {missing}. Download it again "
                                      f"(e.g. `hf download {worker.model}`).")
     return Check("model", True, f"{where}: config, weights and tokenizer present (not loaded)")
+
+
+#: the parts an OpenVINO IR export of a vision-language model holds (the worker checks them again, and the family,
+#: when it loads: inference_worker/engines/openvino/ir_folder.py)
+OPENVINO_PARTS = ("openvino_language_model", "openvino_text_embeddings_model", "openvino_vision_embeddings_model")
+OPENVINO_EXPORT_HINT = "bash scripts/export_openvino.sh MODEL_DIR_OR_ID OUT_DIR"
+
+
+def is_openvino_folder(folder: Path) -> bool:
+    return (folder / f"{OPENVINO_PARTS[0]}.xml").is_file()
+
+
+def check_openvino_folder(folder: Path, where: str, engine: str) -> Check:
+    """An OpenVINO IR folder: every IR file, config and tokenizer present (a file check: nothing compiled)."""
+    names = {p.name for p in folder.iterdir()}
+    missing = [name for part in OPENVINO_PARTS for name in (f"{part}.xml", f"{part}.bin") if name not in names]
+    if "config.json" not in names:
+        missing.append("config.json")
+    if not names & {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"}:
+        missing.append("a tokenizer (tokenizer.json)")
+    if missing:
+        return Check("model", False, f"{where} is missing {', '.join(missing)}: the export is incomplete; export it "
+                                     f"again with {OPENVINO_EXPORT_HINT}.")
+    how = "" if engine == "openvino" else " (worker.engine auto: served by OpenVINO on the CPU)"
+    return Check("model", True, f"{where}: OpenVINO IR model, every part present (not compiled){how}")
 
 
 def locate_model(model: str) -> tuple[Path | None, str]:

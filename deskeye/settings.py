@@ -92,12 +92,12 @@ class OverlaySettings:
         _check(self.position in POSITIONS, "overlay.position", " | ".join(POSITIONS), value=self.position)
 
 
-ENGINES = ("auto", "ocr", "transformers")
+ENGINES = ("auto", "ocr", "transformers", "openvino")
 
 
 @dataclass
 class WorkerSettings:
-    engine: str = "auto"              # auto = the model below if set and loadable, else ocr
+    engine: str = "auto"              # auto = the model below if set and loadable (openvino for an IR folder), else ocr
     model: str = ""                   # local folder or Hugging Face id of a vision-language model
     device: str = "auto"              # auto | cuda | cpu
     dtype: str = "auto"               # auto | bf16 | fp16 | fp32

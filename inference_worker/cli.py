@@ -51,7 +51,8 @@ def _add_engine_options(g) -> None:
     g.add_argument("--engine", choices=ENGINES, default="auto",
                    help="auto (default) = transformers when --model is given (OCR, with a warning, if it cannot "
                         "load), else ocr; ocr = RapidOCR on the CPU, no model weights; transformers = the "
-                        "--model vision-language model (a load failure is an error)")
+                        "--model vision-language model (a load failure is an error); openvino = an OpenVINO IR folder made by "
+                        "scripts/export_openvino.sh, on the CPU (auto picks it when --model is such a folder)")
     g.add_argument("--model", metavar="PATH_OR_ID", default="",
                    help="vision-language model: a local folder, or a Hugging Face id (downloaded once when "
                         "online; offline it must be in the local cache)")
@@ -66,6 +67,9 @@ def _add_engine_options(g) -> None:
     g.add_argument("--no-grammar", dest="use_grammar", action="store_false",
                    help="do not constrain JSON output with a grammar while generating (for tests and "
                         "benchmarks; answers are still validated and retried)")
+    g.add_argument("--cache-dir", dest="cache_dir", type=Path, default=None, metavar="DIR",
+                   help="OpenVINO's compiled-model cache, so restarts skip compiling (default: <user cache "
+                        "dir>/deskeye/openvino)")
     g.add_argument("--ground-with-ocr", dest="ground_with_ocr", action="store_true",
                    help="add the OCR text of each image to the model's prompt")
     g.add_argument("--max-retries", type=int, default=2, metavar="N",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from inference_worker.errors import ConfigError  # noqa: F401 - re-exported: the CLI imports it from here
 
-ENGINES = ("auto", "ocr", "transformers")
+ENGINES = ("auto", "ocr", "transformers", "openvino")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 
@@ -59,13 +59,16 @@ class WorkerConfig:
     kv_cache_mb: int = DEFAULT_KV_CACHE_MB
     kv_similar: bool = True              # also reuse a near-identical frame's KV (an approximation)
     kv_similar_threshold: float = DEFAULT_KV_SIMILAR_THRESHOLD
+    cache_dir: Path | None = None        # OpenVINO compiled-model cache; None = <user cache dir>/deskeye/openvino
 
     def __post_init__(self):
         _check(self.engine in ENGINES, "--engine", " | ".join(ENGINES), self.engine)
         _check(self.device in DEVICES, "--device", " | ".join(DEVICES), self.device)
         _check(self.dtype in DTYPES, "--dtype", " | ".join(DTYPES), self.dtype)
-        _check(self.engine != "transformers" or bool(self.model), "--model",
-               "a model folder or Hugging Face id (--engine transformers needs one)", self.model)
+        _check(self.engine not in ("transformers", "openvino") or bool(self.model), "--model",
+               f"a model folder or Hugging Face id (--engine {self.engine} needs one)", self.model)
+        if self.cache_dir is not None:
+            self.cache_dir = Path(self.cache_dir).expanduser()
         _check(bool(self.host.strip()), "--host", "an address such as 127.0.0.1", self.host)
         _check(0 <= self.port <= 65535, "--port", "a port from 0 to 65535 (0 = any free port)", self.port)
         if self.api_key is not None:

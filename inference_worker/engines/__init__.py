@@ -2,7 +2,9 @@
 
 - "ocr": RapidOCR (CPU, models inside its wheel), no torch.
 - "transformers": a vision-language model from a local folder or Hugging Face id.
-- "auto": transformers when a model is given, falling back to OCR (with a warning) when it cannot load;
+- "openvino": an OpenVINO IR folder (scripts/export_openvino.sh) on the CPU, no torch model (engines/openvino/).
+- "auto": openvino when the model is an OpenVINO IR folder (no GPU needed); else transformers when a model is
+  given, falling back to OCR (with a warning) when it cannot load;
   OCR when no model is given.
 `ground_with_ocr` wraps a model engine so each prompt also carries the OCR text of its images.
 
@@ -109,6 +111,8 @@ def load_engine(config: "WorkerConfig", progress: Callable[[str], None] = _no_pr
 
 
 def _load_base(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engine":
+    if config.engine == "openvino" or (config.engine == "auto" and _is_ir_folder(config.model)):
+        return _load_openvino(config, progress)
     if not config.wants_transformers:
         return _load_ocr(progress)
     if config.engine == "transformers":
@@ -119,6 +123,18 @@ def _load_base(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engi
         reason = " ".join(str(exc).split()) or type(exc).__name__
         log.warning("cannot load model %r (%s); --engine auto falls back to the OCR engine", config.model, reason)
         return _load_ocr(progress)
+
+
+def _is_ir_folder(model: str) -> bool:
+    from inference_worker.engines.openvino.ir_folder import is_ir_folder
+    return bool(model) and is_ir_folder(model)
+
+
+def _load_openvino(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engine":
+    from inference_worker.engines.openvino.engine import load_openvino_engine
+    progress(f"compiling {config.model} with OpenVINO")
+    return load_openvino_engine(config.model, use_grammar=config.use_grammar, num_threads=config.num_threads,
+                                cache_dir=config.cache_dir, vision_cache_bytes=config.kv_cache_bytes)
 
 
 def _load_ocr(progress: Callable[[str], None]) -> "Engine":
