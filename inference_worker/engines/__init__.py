@@ -84,7 +84,7 @@ def _resolve(reference: str) -> Any:
 
 def load_hf_engine(model: str, options: EngineOptions, *, progress: bool = True) -> "Engine":
     """Load `model` (folder or Hub id) with its family's loader and wrap it in its family's engine."""
-    from inference_worker.engines.hf.engine import apply_num_threads
+    from inference_worker.engines.hf.torch_utils import apply_num_threads
     from inference_worker.engines.hf.loading import LoadSpec, load_model
 
     apply_num_threads(options.num_threads)

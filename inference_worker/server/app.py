@@ -25,10 +25,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference_worker.errors import ProtocolError, TooManyConnectionsError
 from inference_worker.server.auth import is_authorized
+from inference_worker.server.routes import BODY_KEY, register_routes
 
 log = logging.getLogger("deskeye.worker")
 
-BODY_KEY = "deskeye.body"          # scope key: the request body the gates read
 KNOWN_ROUTES = ("/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json")
 UNGATED_ROUTES = ("/health",)      # no key needed: the supervisor's probe
 PROBE_ROUTES = ("/health", "/metrics")   # never refused for being busy
@@ -92,7 +92,6 @@ def is_allowed_host(header: str | None, settings: GateSettings) -> bool:
 
 def build_app(routes, settings: GateSettings) -> FastAPI:
     """The worker's ASGI app: FastAPI routes (routes.py) behind the gates, errors in the worker's shape."""
-    from inference_worker.server.routes import register_routes
 
     app = FastAPI(title="deskeye-worker", version="1", docs_url=None, redoc_url=None,
                   description="DeskEye's inference worker: OpenAI-compatible chat completions over a local model. "

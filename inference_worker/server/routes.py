@@ -29,7 +29,6 @@ from inference_worker.errors import CancelledError, ProtocolError, ServiceError
 from inference_worker.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
 from inference_worker.protocol import (ChatCompletion, ChatCompletionRequest, ChatRequest, Completion, ErrorBody,
                                        Health, ModelList, RequestLimits, completion_body, parse_chat_json)
-from inference_worker.server.app import BODY_KEY
 from inference_worker.serving.service import Job, ModelService, timeout_error
 from inference_worker.serving.validation import check_schema
 
@@ -41,6 +40,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "body, image or image count over a limit"), (415, "unsupported image type"),
         (421, "Host header does not name this worker"), (502, "the answer did not match the schema"),
         (503, "loading, or busy: retry after Retry-After seconds"), (504, "no answer in time"))}
+
+BODY_KEY = "deskeye.body"          # scope key: the request body the gates (app.py) read, for the routes
 
 
 class Routes:

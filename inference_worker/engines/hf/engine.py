@@ -19,6 +19,7 @@ from inference_worker.engines.hf.loading import LoadedModel
 from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import text_stream
+from inference_worker.engines.hf.torch_utils import apply_num_threads, release_cuda_cache
 from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
 
 if TYPE_CHECKING:
@@ -234,23 +235,6 @@ def grammar_facts(grammar) -> dict[str, Any]:
     if grammar is None:
         return {"constrained": False}
     return {"constrained": True, "grammar_ms": round(grammar.elapsed_s * 1000, 3)}
-
-
-def apply_num_threads(num_threads: int | None) -> None:
-    """torch.set_num_threads on the calling (model) thread; a no-op when unset or already so."""
-    if num_threads is not None and torch.get_num_threads() != num_threads:
-        torch.set_num_threads(num_threads)
-
-
-def release_cuda_cache() -> int:
-    """Return cached CUDA blocks to the driver; must run on the thread that owns the model's CUDA work.
-
-    Returns the number of torch.cuda.empty_cache() calls made (1, or 0 without CUDA), for the engines' count.
-    """
-    if not torch.cuda.is_available():
-        return 0
-    torch.cuda.empty_cache()
-    return 1
 
 
 def make_engine(loaded: LoadedModel, options) -> "TransformersEngine":

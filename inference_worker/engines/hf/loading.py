@@ -181,13 +181,6 @@ def _missing_remote_code(path: Path) -> list[str]:
     return [f"its own model code ({', '.join(absent)})"] if absent else []
 
 
-def is_minicpmo(config: dict[str, Any]) -> bool:
-    """MiniCPM-o checkpoints ship their own modeling code; the adapter module knows them (imported here lazily:
-    minicpmo imports the engine, which imports this module)."""
-    from inference_worker.engines.hf.minicpmo import is_minicpmo_config
-    return is_minicpmo_config(config)
-
-
 # ---------------------------------------------------------------- how much memory it needs
 
 def checkpoint_weight_bytes(path: Path, *, itemsize: int, skip_prefixes: tuple[str, ...] = ()) -> int:

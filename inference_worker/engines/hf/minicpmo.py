@@ -48,7 +48,7 @@ import torch
 
 from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
 from inference_worker.engines.hf.batch_decode import BatchDecoder, PromptInputs, Row, RowResult, can_merge_caches
-from inference_worker.engines.hf.engine import apply_num_threads, release_cuda_cache
+from inference_worker.engines.hf.torch_utils import apply_num_threads, release_cuda_cache
 from inference_worker.engines.hf.frame_cache import FrameCache, content_key, tensor_nbytes
 from inference_worker.engines.hf.sampling import finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
