@@ -58,7 +58,7 @@ def soak(worker, num_frames: int, kv_cache_mb: int) -> SoakResult:
     """Send `num_frames` distinct frames to `worker` (tests.fixtures.worker.WorkerHandle) and read its RSS."""
     import psutil
 
-    from inference_worker.protocol import build_messages
+    from deskeye.prompt import build_messages
 
     process = psutil.Process(worker.proc.pid)
     result = SoakResult(num_frames, kv_cache_mb, None)

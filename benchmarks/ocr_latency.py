@@ -211,7 +211,8 @@ def reread_rows(sizes, repeats: int) -> list[dict]:
 
 def describe_row(screen: str, repeats: int) -> dict:
     from inference_worker.engines.ocr.engine import OcrEngine
-    from inference_worker.protocol import build_messages, deskeye_response_format, parse_chat_request
+    from inference_worker.protocol import parse_chat_request
+    from deskeye.prompt import build_messages, deskeye_response_format
 
     engine = OcrEngine()
     width, height, max_mail_rows = SCREENS[screen]
@@ -272,8 +273,9 @@ def real_window_rows(repeats: int) -> list[dict]:
         return [{"case": "real windows", "config": "skipped", "note": "missing: " + ", ".join(missing_programs())}]
     from deskeye.window_facts import Region, windows_in_region
     from inference_worker.engines.ocr.engine import OcrEngine
-    from inference_worker.protocol import (build_messages, deskeye_extension, deskeye_response_format,
-                                           parse_chat_request)
+    from inference_worker.protocol import parse_chat_request
+    from deskeye.prompt import build_messages, deskeye_response_format
+    from deskeye.window_facts import deskeye_extension
 
     region = Region(112, 84, 800, 600)
     folder = Path(tempfile.mkdtemp(prefix="deskeye-bench-"))

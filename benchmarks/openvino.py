@@ -137,7 +137,7 @@ def ir_size(source: Path, ir: Path) -> dict[str, Any]:
 def schema_validity(ir: Path, work: Path, num_requests: int) -> dict[str, Any]:
     import jsonschema
 
-    from inference_worker.protocol import deskeye_response_format
+    from deskeye.prompt import deskeye_response_format
     schema = deskeye_response_format()["json_schema"]["schema"]
     engine = _ov_engine(ir, work / "cache-schema")
     num_valid, ttft_ms, ms_per_token, grammar_ms_per_token, problems = 0, [], [], [], []

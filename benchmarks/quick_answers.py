@@ -68,7 +68,7 @@ def bench_router(repeats: int, cache_dir: Path) -> dict:
 def bench_providers(repeats: int, ics: Path) -> dict:
     from deskeye.providers import QuickAnswerer, ScreenMemory
     from deskeye.settings import ProviderSettings, Settings
-    from inference_worker.protocol import Description
+    from deskeye.prompt import Description
     memory = ScreenMemory()
     memory.remember(Description("An editor with main.py", ["main.py", "Run"]))
     answerer = QuickAnswerer(Settings(providers=ProviderSettings(calendar_ics=str(ics))), memory)

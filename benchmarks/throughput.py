@@ -142,7 +142,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
 # ---------------------------------------------------------------- requests
 
 def chat_body(model: str, question: str, png: bytes, *, max_tokens: int, is_json: bool) -> dict:
-    from inference_worker.protocol import build_messages, deskeye_response_format
+    from deskeye.prompt import build_messages, deskeye_response_format
     body = {"model": model, "messages": build_messages(question, png), "max_tokens": max_tokens, "temperature": 0}
     if is_json:
         body["response_format"] = deskeye_response_format()
@@ -355,7 +355,7 @@ def probe_serve(serve: Endpoint, requests: RequestSets) -> dict:
 
 
 def is_deskeye_json(reply: Reply) -> bool:
-    from inference_worker.protocol import parse_description
+    from deskeye.prompt import parse_description
     try:
         parse_description(reply.content)
     except ValueError:

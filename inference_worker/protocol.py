@@ -1,12 +1,11 @@
 """What crosses the process boundary between the DeskEye app and the inference worker.
 
 The wire format is OpenAI chat completions (so any OpenAI-compatible server can stand in for our
-worker). This module is the single place that knows it: the worker parses requests with
-`parse_chat_request`, the app builds them with `build_messages` and reads answers with
-`parse_description`. The request subset the worker accepts is described by pydantic models
-(`ChatCompletionRequest`, also the OpenAPI description at /openapi.json) and turned into the worker's own frozen
-`ChatRequest`. Pure Python:
-no torch, no PIL, no I/O.
+worker), plus DeskEye's response schema and the request's "deskeye" extension (window facts). This module is the
+worker's side of it: requests are parsed with `parse_chat_request`; the app builds them with its own
+`deskeye/prompt.py` and `deskeye/window_facts.py` (tests/test_prompt.py keeps the two sides agreeing). The request
+subset the worker accepts is described by pydantic models (`ChatCompletionRequest`, also the OpenAPI description
+at /openapi.json) and turned into the worker's own frozen `ChatRequest`. Pure Python: no torch, no PIL, no I/O.
 """
 
 from __future__ import annotations
@@ -338,11 +337,6 @@ class WindowFact:
                 "focused": self.focused}
 
 
-def deskeye_extension(windows: "list[WindowFact] | tuple[WindowFact, ...]") -> dict[str, Any]:
-    """The request body's "deskeye" field for these window facts (front first)."""
-    return {"windows": [w.to_wire() for w in list(windows)[:MAX_WINDOW_FACTS]]}
-
-
 def parse_window_facts(raw: Any) -> tuple[WindowFact, ...]:
     """The "deskeye" field's windows, validated; () when the field is absent. Raises ProtocolError naming
     the bad entry."""
@@ -525,64 +519,3 @@ def chunk_body(*, request_id: str, model: str, created: int, delta: dict[str, An
 def usage_body(completion: Completion) -> dict[str, int]:
     return {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
             "total_tokens": completion.prompt_tokens + completion.completion_tokens}
-
-
-# ---------------------------------------------------------------- app side
-
-@dataclass(frozen=True)
-class Turn:
-    question: str
-    answer: str
-
-
-@dataclass(frozen=True)
-class Description:
-    summary: str
-    key_objects: list[str]
-
-
-SYSTEM_PROMPT = (
-    "You are DeskEye, a private desktop assistant. You see a region of the user's screen. "
-    "Answer in JSON with a short 'summary' of what is on the screen (or the answer to the question) "
-    "and 'key_objects': the few things on screen that matter."
-)
-DESCRIBE_QUESTION = "What is on this screen?"
-
-
-def image_data_url(png: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(png).decode('ascii')}"
-
-
-def build_messages(question: str, image_png: bytes | None, memory: list[Turn] = (),
-                   context: str | None = None) -> list[dict[str, Any]]:
-    """OpenAI-format messages: system prompt, previous turns, then the question with the frame."""
-    system = SYSTEM_PROMPT if not context else f"{SYSTEM_PROMPT}\nText read on the screen:\n{context}"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    for turn in memory:
-        messages.append({"role": "user", "content": turn.question})
-        messages.append({"role": "assistant", "content": turn.answer})
-    content: list[dict[str, Any]] = []
-    if image_png is not None:
-        content.append({"type": "image_url", "image_url": {"url": image_data_url(image_png)}})
-    content.append({"type": "text", "text": question})
-    messages.append({"role": "user", "content": content})
-    return messages
-
-
-def deskeye_response_format() -> dict[str, Any]:
-    return {"type": "json_schema",
-            "json_schema": {"name": DESKEYE_SCHEMA_NAME, "schema": DESKEYE_SCHEMA, "strict": True}}
-
-
-def parse_description(content: str) -> Description:
-    """Read an answer in DeskEye's schema. Raises ValueError naming what was wrong."""
-    try:
-        data = json.loads(content)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"The model's answer is not JSON ({exc.msg} at char {exc.pos}).") from None
-    if not isinstance(data, dict) or not isinstance(data.get("summary"), str):
-        raise ValueError("The model's answer has no 'summary' string.")
-    objects = data.get("key_objects", [])
-    if not isinstance(objects, list) or not all(isinstance(o, str) for o in objects):
-        raise ValueError("The model's answer has 'key_objects' that is not a list of strings.")
-    return Description(data["summary"], objects)

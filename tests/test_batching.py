@@ -14,7 +14,8 @@ import pytest
 from inference_worker.config import WorkerConfig
 from inference_worker.engines.hf.engine import load_transformers_engine
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.protocol import build_messages, deskeye_response_format, parse_chat_request
+from inference_worker.protocol import parse_chat_request
+from deskeye.prompt import build_messages, deskeye_response_format
 from inference_worker.serving.service import ModelService
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.polling import wait_until

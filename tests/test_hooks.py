@@ -19,7 +19,7 @@ from deskeye.errors import HookRuleError
 from deskeye.hook_rules import load_rules, parse_rules
 from deskeye.hooks import HookRunner
 from deskeye.notify import Notifier
-from inference_worker.protocol import Description
+from deskeye.prompt import Description
 
 REPO = Path(__file__).resolve().parent.parent
 # A script (not an interpreter: rules may not hand model text to one) run as [RECORDER, OUT, "--", ARGS...]:
@@ -275,7 +275,7 @@ def test_pyautogui_is_imported_only_for_hooks_with_keys(tmp_path):
     script = (
         "import sys\n"
         "from deskeye.hooks import HookRunner, load_rules\n"
-        "from inference_worker.protocol import Description\n"
+        "from deskeye.prompt import Description\n"
         f"runner = HookRunner(load_rules({str(write_rules(tmp_path, recorder_rule(tmp_path / 'o.jsonl')))!r}))\n"
         "[f] = runner.fire(Description('s', ['inbox']))\n"
         "f.wait(30)\n"

@@ -12,7 +12,7 @@ import pytest
 
 from inference_worker.engines.hf.engine import load_transformers_engine
 from inference_worker.engines.hf.minicpmv import MiniCPMVImageProcessor
-from inference_worker.protocol import build_messages, deskeye_response_format
+from deskeye.prompt import build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import png_bytes
 from tests.fixtures.worker import running_worker
 from tests.test_batching import COLORS, QUESTIONS, all_at_once, metrics_after

@@ -19,8 +19,8 @@ import pytest
 from inference_worker.engines.base import Engine
 from inference_worker.engines.ocr.engine import OcrEngine
 from inference_worker.engines.ocr.reader import OcrReader
-from inference_worker.protocol import (DESKEYE_SCHEMA, ProtocolError, build_messages, deskeye_response_format,
-                                       parse_chat_request)
+from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError, parse_chat_request
+from deskeye.prompt import build_messages, deskeye_response_format
 from inference_worker.engines.ocr.concepts import compact, match_concepts
 
 WIDTH, HEIGHT, LEFT, TOP = 640, 400, 40, 40

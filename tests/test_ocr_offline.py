@@ -49,7 +49,8 @@ CHILD = textwrap.dedent("""
 
     from inference_worker.config import WorkerConfig
     from inference_worker.engines import load_engine
-    from inference_worker.protocol import build_messages, deskeye_response_format, parse_chat_request
+    from inference_worker.protocol import parse_chat_request
+    from deskeye.prompt import build_messages, deskeye_response_format
 
     engine = load_engine(WorkerConfig())              # no model configured: the default engine
     request = parse_chat_request({"model": "deskeye-ocr", "response_format": deskeye_response_format(),

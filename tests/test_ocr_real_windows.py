@@ -22,8 +22,9 @@ import pytest
 
 from deskeye.window_facts import Region, windows_in_region
 from inference_worker.engines.ocr.engine import OcrEngine
-from inference_worker.protocol import (DESKEYE_SCHEMA, ProtocolError, build_messages, deskeye_extension,
-                                       deskeye_response_format, parse_chat_request, parse_window_facts)
+from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError, parse_chat_request, parse_window_facts
+from deskeye.prompt import build_messages, deskeye_response_format
+from deskeye.window_facts import deskeye_extension
 from tests.fixtures.polling import wait_until
 from tests.fixtures.real_desktop import start_real_desktop
 

@@ -18,7 +18,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from inference_worker.protocol import Turn, build_messages, deskeye_response_format
+from deskeye.prompt import Turn, build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import chat_request, png_bytes
 from tests.fixtures.openvino_models import build_exportable_llava, export_ir
 from tests.fixtures.worker import REPO_ROOT, start_worker, worker_env

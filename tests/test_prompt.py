@@ -18,7 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_schema_the_app_asks_for_is_the_one_the_worker_serves():
     assert prompt.DESKEYE_SCHEMA == protocol.DESKEYE_SCHEMA
-    assert prompt.deskeye_response_format() == protocol.deskeye_response_format()
+    assert prompt.DESKEYE_SCHEMA_NAME == protocol.DESKEYE_SCHEMA_NAME
+    assert (prompt.SUMMARY_MAX_CHARS, prompt.OBJECT_MAX_CHARS, prompt.MAX_KEY_OBJECTS) == \
+        (protocol.SUMMARY_MAX_CHARS, protocol.OBJECT_MAX_CHARS, protocol.MAX_KEY_OBJECTS)
     request = {"model": "m", "messages": prompt.build_messages("q?", b"\x89PNG-bytes", [prompt.Turn("a", "b")],
                                                                "ctx"),
                "response_format": prompt.deskeye_response_format()}
@@ -26,7 +28,6 @@ def test_the_schema_the_app_asks_for_is_the_one_the_worker_serves():
     assert parsed.json_schema == protocol.DESKEYE_SCHEMA
     assert [m.role for m in parsed.messages] == ["system", "user", "assistant", "user"]
     assert parsed.images[0].data == b"\x89PNG-bytes"
-    assert prompt.build_messages("q?", None) == protocol.build_messages("q?", None)
 
 
 def test_parse_description_reads_the_schema_and_names_what_is_wrong():

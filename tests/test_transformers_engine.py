@@ -15,7 +15,8 @@ from inference_worker.engines.ocr.grounding import with_ocr_grounding
 from inference_worker.engines.hf.loading import (GB, ModelLoadError, check_fits_vram, checkpoint_weight_bytes,
                                               required_vram_bytes)
 from inference_worker.engines.hf.engine import TransformersEngine, load_transformers_engine
-from inference_worker.protocol import Turn, build_messages, parse_chat_request
+from inference_worker.protocol import parse_chat_request
+from deskeye.prompt import Turn, build_messages
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 
 RED, BLUE = png_bytes((220, 30, 30)), png_bytes((30, 30, 220))
@@ -309,3 +310,17 @@ def test_auto_dtype_follows_the_device(monkeypatch):
     assert loading.resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert loading.resolve_dtype("auto", torch.device("cuda", 0)) == torch.float16
+
+
+def test_a_vanishing_temperature_samples_the_best_token_instead_of_failing():
+    """Found by the contract fuzzer: temperature 1e-300 made logits / temperature overflow to inf and the softmax
+    nan ("probability tensor contains inf, nan"), which failed the whole batched step."""
+    import torch
+
+    from inference_worker.engines.hf.sampling import TokenSampler
+    from inference_worker.protocol import SamplingParams
+
+    logits = torch.tensor([0.5, 3.0, -2.0, float("-inf"), 2.9])
+    for temperature in (1e-300, 5e-324, 1e-30):
+        sampler = TokenSampler(SamplingParams(temperature=temperature, top_p=0.5, top_k=3, seed=7))
+        assert sampler.sample(logits) == 1

@@ -1,7 +1,7 @@
 """Contract fuzzing (issue 11): schemathesis generates requests from the worker's own /openapi.json and sends
-them to a real worker subprocess (tiny random Idefics3 model, grammar on). No answer may be a 5xx (except 502
-schema_mismatch: a random model's 8 tokens that do not satisfy a fuzzed schema), every error must be in the
-worker's JSON error shape, and the worker serves a good request afterwards.
+them to a real worker subprocess (tiny random Idefics3 model, grammar on). No answer may be a 5xx (an answer the 8
+tokens cannot finish comes back with finish_reason "length"), every error must be in the worker's JSON error shape,
+and the worker serves a good request afterwards.
 
 Bounded so it stays within a minute or two on a 2-core machine: a few hundred examples over all operations,
 --max-tokens-limit 8 so an accepted request decodes at most 8 tokens.
@@ -43,20 +43,8 @@ def test_fuzzed_requests_never_get_a_5xx_and_errors_have_the_json_shape(fuzz_wor
         fuzz(operation, GenerationMode.POSITIVE, auth)
         if operation.label == "POST /v1/chat/completions":   # the GETs have no input to break
             fuzz(operation, GenerationMode.NEGATIVE, auth)
-    print(f"fuzzed {len(fuzzed)} requests over {len(operations)} operations: statuses {dict(Counter(fuzzed))} "
-          "(502 = the model's answer did not match a fuzzed schema)")
+    print(f"fuzzed {len(fuzzed)} requests over {len(operations)} operations: statuses {dict(Counter(fuzzed))}")
     assert len(fuzzed) >= MAX_CHAT_EXAMPLES * 1.5
-
-
-def is_schema_mismatch(response) -> bool:
-    """The one 5xx a valid request may get: 502 when the model's answer (at most --max-tokens-limit 8 tokens of a
-    random model) did not match the fuzzed response_format schema. It is the model failing a schema, not the
-    worker failing on the input; it is counted (and checked for the error shape) but not a failure here."""
-    if response.status_code != 502:
-        return False
-    error = json.loads(response.content)["error"]
-    assert set(error) == ERROR_FIELDS and error["type"] == "schema_mismatch", error
-    return True
 
 
 def fuzz(operation, mode: GenerationMode, auth: dict[str, str]) -> None:
@@ -70,8 +58,6 @@ def fuzz(operation, mode: GenerationMode, auth: dict[str, str]) -> None:
     def check(case) -> None:
         response = case.call(headers=auth, timeout=60)
         fuzzed.append(response.status_code)
-        if is_schema_mismatch(response):
-            return
         assert response.status_code < 500, (operation.label, response.status_code, response.text[:500], case.body)
         if response.status_code >= 400:
             content_type = {k.lower(): v for k, v in response.headers.items()}.get("content-type")
@@ -91,6 +77,5 @@ def test_the_worker_serves_a_good_request_after_the_fuzzing(fuzz_worker):
     assert answer.choices[0].message.role == "assistant" and answer.usage.completion_tokens >= 1
     metrics = fuzz_worker.metrics()
     server_errors = {k: v for k, v in metrics.items() if k.startswith('deskeye_worker_requests_total{code="5')
-                     and not k.startswith('deskeye_worker_requests_total{code="502"')
                      and k != 'deskeye_worker_requests_total{code="503",route="/health"}'}   # while it loaded
     assert not server_errors, server_errors

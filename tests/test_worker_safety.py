@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from inference_worker.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_TOKENS_LIMIT
-from inference_worker.protocol import image_data_url
+from deskeye.prompt import image_data_url
 
 CHAT = "/v1/chat/completions"
 

@@ -326,6 +326,9 @@ class ModelService:
             job.prepared = dataclasses.replace(job.prepared, request=retry_request(
                 job.request, job.retries, self._config.max_tokens_limit))
             self._enqueue(job, front=True)
+        elif outcome.finish_reason == "length":
+            self._count_invalid(problem)        # out of room even after the retries: answered as it stands, like
+            self._answer(job, outcome)          # any OpenAI server does, finish_reason "length" (ask with more)
         else:
             self._count_invalid(problem)
             self._metrics.schema_failures.inc()

@@ -53,7 +53,11 @@ class TokenSampler:
         """`logits`: (vocab,) float, already masked (-inf = not allowed)."""
         if self.generator is None:
             return int(torch.argmax(logits))
-        scores = logits / self.sampling.temperature
+        if not torch.isfinite(logits.max()):           # nan from the model, or nothing allowed: the best it has
+            return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))))
+        # shifted so the best token scores 0: a temperature too small for the dtype (1e-300 is 0 in float32) then
+        # sends the others to -inf and leaves the best at 0/0, read as 0 (its limit), never nan in the softmax
+        scores = torch.nan_to_num((logits - logits.max()) / self.sampling.temperature, nan=0.0)
         if self.sampling.top_k:
             kth = torch.topk(scores, min(self.sampling.top_k, scores.shape[-1])).values[-1]
             scores = scores.masked_fill(scores < kth, float("-inf"))
