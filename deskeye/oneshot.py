@@ -1,6 +1,6 @@
 """`deskeye describe` and `deskeye ask`: one frame (the screen or an image file), one answer, then exit.
 
-stdout carries only the answer (with --json exactly one object: summary, key_objects, engine, latency_ms);
+stdout carries only the answer (with --json exactly one object: summary, key_objects, engine, latency_ms, output_mode);
 progress and errors go to stderr. `ask` is a plain model question: routing to quick answers is the tray's.
 """
 
