@@ -25,12 +25,14 @@ from inference_worker.errors import ProtocolError  # noqa: F401 - re-exported: t
 # maxLength when a pattern is set, so the bound lives in the pattern itself. xgrammar (vLLM's and SGLang's default
 # backend) fails to compile a bounded repeat above 128 (`{0,129}`), so a longer bound is written as a run of
 # shorter repeats (`{0,100}{0,100}` for 200): the same language, and every backend (xgrammar, llguidance,
-# outlines-core) compiles it (tests/test_vllm_schema_backends.py).
+# outlines-core) compiles it (tests/test_vllm_schema_backends.py). The characters exclude `"` and `\`: outlines-core
+# puts the pattern inside the JSON string's quotes as is, and with a quote in the class its automaton explodes
+# (no index after 5 minutes); without them the raw JSON text is the decoded text, so all backends agree exactly.
 SUMMARY_MAX_CHARS = 200
 OBJECT_MAX_CHARS = 40
 MAX_KEY_OBJECTS = 8
 MAX_GRAMMAR_REPEAT = 128
-_TEXT_CHAR = "[^\\u0000-\\u001f]"
+_TEXT_CHAR = '[^\\u0000-\\u001f"\\\\]'   # printable, and no quote or backslash: see below
 
 
 def bounded_text_pattern(min_chars: int, max_chars: int) -> str:
