@@ -6,6 +6,7 @@ One server for the session (tests/fixtures/vllm_server.py). Only the model's wei
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -20,10 +21,11 @@ import psutil
 import pytest
 
 from deskeye.client import WorkerClient
+from deskeye.errors import AnswerError
 from deskeye.overlay import WINDOW_TITLE
 from deskeye.settings import Settings, with_overrides
 from deskeye.supervisor import WorkerSupervisor
-from inference_worker.protocol import DESCRIBE_QUESTION, DESKEYE_SCHEMA
+from inference_worker.protocol import DESCRIBE_QUESTION, DESKEYE_SCHEMA, build_messages, deskeye_response_format
 from tests.fixtures.polling import wait_until
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.vllm_server import SERVED_MODEL, STRUCTURED_OUTPUTS
@@ -78,6 +80,26 @@ def test_describe_succeeds_with_vllms_default_structured_output_backend(vllm_ser
     assert "Internal server error" not in proc.stderr
 
 
+def test_the_old_schema_fails_on_xgrammar_and_todays_compiles(vllm_server):
+    """Why the schema changed: `{0,200}` (a repeat above 128) fails in vLLM's xgrammar; the same bound as two runs
+    of 100 compiles and constrains the answer."""
+    import openai
+
+    old = copy.deepcopy(DESKEYE_SCHEMA)
+    old["properties"]["summary"]["pattern"] = "^[^\\u0000-\\u001f]{0,200}$"
+    client = openai.OpenAI(base_url=f"{vllm_server.url}/v1", api_key="none", max_retries=0, timeout=120)
+    messages = build_messages(DESCRIBE_QUESTION, render_text_png(LINES))
+    with pytest.raises(openai.APIStatusError) as failure:
+        client.chat.completions.create(model=SERVED_MODEL, messages=messages, max_tokens=16, temperature=0,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "old", "schema": old}})
+    assert failure.value.status_code == 500
+    answer = client.chat.completions.create(model=SERVED_MODEL, messages=messages, max_tokens=512, temperature=0,
+                                            response_format=deskeye_response_format())
+    jsonschema.validate(json.loads(answer.choices[0].message.content), DESKEYE_SCHEMA)
+    client.close()
+
+
 def test_ask_answers_a_question_about_the_frame(vllm_server, tmp_path):
     png = tmp_path / "screen.png"
     png.write_bytes(render_text_png(LINES))
@@ -106,14 +128,22 @@ def test_a_cut_off_answer_is_asked_again_with_more_room(vllm_server, caplog):
     with caplog.at_level(logging.INFO, logger="deskeye.client"):
         try:
             answer = client.ask(DESCRIBE_QUESTION, render_text_png(LINES))
-        except Exception as exc:                   # the cap (4x16 tokens) may be too little: still retried
+        except AnswerError as exc:                 # the cap (4x16 tokens) may be too little: see below
             answer = exc
     retries = [r.message for r in caplog.records if "asking again" in r.message]
     assert retries and "finish_reason length" in retries[0] and "max_tokens=32" in retries[0], retries
     assert wait_until(lambda: num_answered(vllm_server) >= before + 1 + len(retries), timeout_s=10)
-    if isinstance(answer, Exception):
-        assert "even after asking again with up to 64 tokens" in str(answer)
+    import openai
+
+    raw = openai.OpenAI(base_url=f"{vllm_server.url}/v1", api_key="none", max_retries=0, timeout=120)
+    at_cap = raw.chat.completions.create(model=SERVED_MODEL, max_tokens=64, temperature=0,
+                                         messages=build_messages(DESCRIBE_QUESTION, render_text_png(LINES)),
+                                         response_format=deskeye_response_format()).choices[0]
+    raw.close()
+    if at_cap.finish_reason == "length":           # greedy: what the last retry got, asked directly
+        assert isinstance(answer, Exception) and "even after asking again with up to 64 tokens" in str(answer)
     else:
+        assert not isinstance(answer, Exception), answer
         jsonschema.validate({"summary": answer.summary, "key_objects": answer.key_objects}, DESKEYE_SCHEMA)
         assert answer.output_mode == "json_schema"
     client.close()
@@ -157,6 +187,6 @@ def _lines(proc: subprocess.Popen) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def _no_leftover_processes():
+def _forget_outputs():
     yield
     _output.clear()
