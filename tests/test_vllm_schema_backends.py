@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import jsonschema
 import pytest
 
 from inference_worker.protocol import DESKEYE_SCHEMA, MAX_GRAMMAR_REPEAT
@@ -68,3 +69,18 @@ def test_the_schema_compiles_and_holds_on(backend, verdicts):
 
 def test_the_backends_agree_on_every_text(verdicts):
     assert verdicts["xgrammar"]["accepted"] == verdicts["guidance"]["accepted"] == verdicts["outlines"]["accepted"]
+
+
+def test_the_ocr_engine_answers_screen_text_with_quotes_and_backslashes_in_the_schema():
+    """The schema admits no `"` or `\\`: DeskEye's OCR engine quotes them as ' and / rather than fail its own schema."""
+    from inference_worker.engines.ocr.concepts import describe
+    from inference_worker.engines.ocr.engine import render_answer
+    from inference_worker.engines.ocr.reader import OcrLine
+
+    lines = [OcrLine('Traceback (most recent call last):', (0, 0, 900, 20), 0.9),
+             OcrLine('File "C:\\app\\main.py", line 3', (0, 30, 900, 50), 0.9)]
+    described = describe(lines, 600)
+    assert described.matches                                      # still read as a traceback: matching sees the quotes
+    answer = json.loads(render_answer(described, DESKEYE_SCHEMA))
+    jsonschema.validate(answer, DESKEYE_SCHEMA)
+    assert "“File 'C:/app/main.py', line 3”" in answer["summary"]

@@ -82,9 +82,6 @@ def describe_reads(reads: list[ReadResult], question: str) -> ScreenDescription:
 def render_answer(described: ScreenDescription, schema: dict[str, Any] | None) -> str:
     """JSON in DeskEye's schema when the request asks for JSON; otherwise plain text."""
     data = {"summary": described.summary, "key_objects": described.key_objects}
-    if schema is not None:                # DeskEye's schema admits no quote or backslash (protocol.py says why)
-        data = {"summary": schema_safe(described.summary),
-                "key_objects": [schema_safe(name) for name in described.key_objects]}
     if schema is None:
         objects = f" Key objects: {', '.join(described.key_objects)}." if described.key_objects else ""
         return described.summary + objects
@@ -94,11 +91,6 @@ def render_answer(described: ScreenDescription, schema: dict[str, Any] | None) -
                             f"\"key_objects\": [string]}}, which does not fit this request's schema ({problem}). "
                             "Use protocol.DESKEYE_SCHEMA, json_object, or plain text.", param="response_format")
     return json.dumps(data, ensure_ascii=False)
-
-
-def schema_safe(text: str) -> str:
-    """Screen text for DeskEye's schema: a double quote as a single one, a backslash as a slash."""
-    return text.replace('"', "'").replace("\\", "/")
 
 
 def ocr_facts(reads: list[ReadResult], elapsed_s: float) -> dict[str, Any]:
