@@ -145,7 +145,7 @@ def record_trace(grammars, batch_size: int) -> Trace:
     import numpy as np
     import torch
 
-    from inference_worker.protocol import DESKEYE_SCHEMA
+    from deskeye.prompt import DESKEYE_SCHEMA
 
     batch = grammars.batch([DESKEYE_SCHEMA] * batch_size, prefetch=False)
     generator = torch.Generator().manual_seed(SEED)
@@ -231,7 +231,7 @@ def batch_loop(grammars, trace: Trace, *, prefetch: bool = False, lazy_greedy: b
     import torch
 
     from inference_worker.engines.hf.sampling import argmax_lines
-    from inference_worker.protocol import DESKEYE_SCHEMA
+    from deskeye.prompt import DESKEYE_SCHEMA
 
     batch = grammars.batch([DESKEYE_SCHEMA] * len(trace.tokens), prefetch=prefetch)
     logits = torch.zeros(len(trace.tokens), grammars.vocab_size)
@@ -276,7 +276,7 @@ def old_loop(old_grammars, trace: Trace):
     import torch
 
     from inference_worker.engines.hf.sampling import argmax_lines
-    from inference_worker.protocol import DESKEYE_SCHEMA
+    from deskeye.prompt import DESKEYE_SCHEMA
 
     processor = old_grammars.logits_processor(DESKEYE_SCHEMA, len(trace.tokens))
     eos, num_rows = old_grammars.eos_token_ids[0], len(trace.tokens)

@@ -114,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument("--quick", action="store_true", help="16 requests per row, fewer trials (~1 min)")
     size.add_argument("--smoke", action="store_true",
                       help="4 requests, clients 1 and 4, one trial, no transformers serve (for the test suite)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="add the vLLM column (benchmarks/external_engines.py; needs .venv-vllm/)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every server (default 1)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
                         help="device of both servers (default cpu)")
@@ -602,7 +604,12 @@ def main(argv: list[str] | None = None) -> int:
         "repeated_frame": repeated, "grammar": grammar, "model_only": model_only,
         "targets": targets(rows, plan, repeated, grammar),
     }
+    if args.vllm:                        # DeskEye's worker beside vLLM, same model and load
+        from benchmarks import external_engines
+        report["external_engines"] = external_engines.run(max(plan.num_requests, max(external_engines.LEVELS)))
     print_report(report)
+    if args.vllm:
+        external_engines.print_table(report["external_engines"])
     print()
     write_result(args.json_out, report)
     return 0

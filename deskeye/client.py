@@ -2,7 +2,9 @@
 
 The request goes through the official `openai` client: the messages come from
 `deskeye.prompt.build_messages`, the output is constrained with `deskeye_response_format()`
-and read back with `parse_description`, so the wire format lives in one place. If the connection drops
+and read back with `parse_description`, so the wire format lives in one place. A cut-off answer is asked again
+with more room, and a server that ignores `response_format` gets the JSON asked for in the prompt instead
+(`deskeye/output_mode.py`; `Answer.output_mode` says which). If the connection drops
 because our worker died, the client waits for the supervisor's restart and sends the same request once
 more, so no hotkey press is silently lost.
 
@@ -16,16 +18,18 @@ The answer is untrusted model text: it is returned as data and never put into a 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from deskeye import output_mode
 from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.settings import Settings
 from deskeye.supervisor import Endpoint, WorkerSupervisor
-from deskeye.prompt import Turn, build_messages, deskeye_response_format, parse_description
+from deskeye.prompt import Turn, build_messages, parse_description
 from deskeye.window_facts import WindowFact, deskeye_extension
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -35,6 +39,7 @@ _SUMMARY_OPENING = re.compile(r'\s*\{\s*"summary"\s*:\s*"((?:[^"\\]|\\.)*)')
 MAX_ESCAPE_CHARS = 6                 # the longest JSON escape, \uXXXX, that a chunk may cut in two
 
 TextCallback = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Answer:
     key_objects: list[str]
     engine: str                  # "ocr", "transformers", ... or "external:<model id>"
     latency_ms: int              # wall time of the request, as seen by the app
+    output_mode: str = output_mode.JSON_SCHEMA   # how the JSON was obtained: "json_schema" | "prompt_and_parse"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,6 +62,7 @@ class WorkerClient:
         self._client = None                      # openai.OpenAI for `_client_endpoint`
         self._client_endpoint: Endpoint | None = None
         self._model_ids: dict[Endpoint, str] = {}
+        self._output_modes: dict[str, str] = {}   # server URL -> output mode learnt from its answers
 
     def ask(self, question: str, image_png: bytes | None, memory: list[Turn] = (), *,
             max_tokens: int | None = None, context: str | None = None,
@@ -95,13 +102,41 @@ class WorkerClient:
 
     def _ask_once(self, endpoint: Endpoint, messages: list[dict], max_tokens: int,
                   on_text: TextCallback | None = None, extra_body: dict | None = None) -> Answer:
+        """Ask until the answer is usable: more room for a cut-off answer, prompt-and-parse for a server that
+        ignores response_format (see deskeye/output_mode.py); AnswerError when the ladder is exhausted."""
+        started = time.perf_counter()
+        attempt = output_mode.Attempt(self._output_modes.get(endpoint.url, output_mode.JSON_SCHEMA), max_tokens)
+        while True:
+            fields = output_mode.request_fields(attempt, messages)
+            content, finish_reason, engine = self._request(endpoint, {**fields, "extra_body": extra_body}, on_text)
+            outcome = output_mode.judge(attempt, content, finish_reason, max_tokens)
+            if outcome.ignored_schema:
+                self._note_ignored_schema(endpoint)
+            if outcome.description is not None:
+                latency_ms = round((time.perf_counter() - started) * 1000)
+                return Answer(outcome.description.summary, outcome.description.key_objects, engine, latency_ms,
+                              attempt.mode)
+            if outcome.next_attempt is None:
+                raise AnswerError(self._give_up_message(endpoint, attempt, content, finish_reason))
+            log.info("answer from %s unusable (finish_reason %s); asking again: %s", endpoint.url, finish_reason,
+                     outcome.next_attempt)
+            attempt = outcome.next_attempt
+
+    def _note_ignored_schema(self, endpoint: Endpoint) -> None:
+        """Say once per server that it ignores response_format; later questions go straight to prompt-and-parse."""
+        if self._output_modes.get(endpoint.url) != output_mode.PROMPT_AND_PARSE:
+            log.warning("The server at %s ignores response_format json_schema (its answer is not JSON): DeskEye "
+                        "asks for JSON in the prompt and parses the answer instead (output_mode prompt_and_parse). "
+                        "A server with structured output (vLLM, SGLang, llama.cpp, Ollama) is more reliable.",
+                        endpoint.url)
+        self._output_modes[endpoint.url] = output_mode.PROMPT_AND_PARSE
+
+    def _request(self, endpoint: Endpoint, fields: dict, on_text: TextCallback | None) -> tuple[str, str | None, str]:
+        """One chat completion (streamed when `on_text`): (content, finish_reason, engine)."""
         import openai
 
         client = self._openai(endpoint)
-        model = self._model_id(client, endpoint)
-        started = time.perf_counter()
-        request = dict(model=model, messages=messages, response_format=deskeye_response_format(), temperature=0,
-                       max_tokens=max_tokens, extra_body=extra_body)
+        request = dict(model=self._model_id(client, endpoint), temperature=0, **fields)
         try:
             if on_text is not None:
                 content, finish_reason, engine = self._stream(endpoint, client, request, on_text)
@@ -110,8 +145,7 @@ class WorkerClient:
                 content, finish_reason, engine = self._content(endpoint, response)
         except openai.APIStatusError as exc:
             raise self._status_error(endpoint, exc) from None
-        latency_ms = round((time.perf_counter() - started) * 1000)
-        return self._answer(endpoint, content, finish_reason, engine, latency_ms)
+        return content, finish_reason, engine
 
     def _stream(self, endpoint: Endpoint, client, request: dict, on_text: TextCallback) -> tuple[str, str | None, str]:
         """Stream the answer, calling `on_text` with the growing summary; (content, finish_reason, engine)."""
@@ -151,13 +185,17 @@ class WorkerClient:
         choice = response.choices[0]
         return choice.message.content or "", choice.finish_reason, self._engine(response)
 
-    def _answer(self, endpoint: Endpoint, content: str, finish_reason: str | None, engine: str,
-                latency_ms: int) -> Answer:
+    def _give_up_message(self, endpoint: Endpoint, attempt: output_mode.Attempt, content: str,
+                         finish_reason: str | None) -> str:
+        if attempt.mode == output_mode.PROMPT_AND_PARSE:
+            return (f"The answer from {endpoint.url} is empty: DeskEye asked for JSON in the prompt (the server "
+                    "ignores response_format) and got no text back.")
         try:
-            description = parse_description(content)
+            parse_description(content)
+            problem = ValueError("The model's answer is unusable.")
         except ValueError as exc:
-            raise AnswerError(self._unusable_message(endpoint, exc, finish_reason)) from None
-        return Answer(description.summary, description.key_objects, engine, latency_ms)
+            problem = exc
+        return self._unusable_message(endpoint, problem, finish_reason)
 
     def _engine(self, response, default: str | None = None) -> str:
         extra = (response.model_extra or {}).get("deskeye")
@@ -233,7 +271,8 @@ class WorkerClient:
     def _unusable_message(self, endpoint: Endpoint, exc: ValueError, finish_reason: str | None) -> str:
         text = f"The answer from {endpoint.url} is not a DeskEye description: {exc}"
         if finish_reason == "length":
-            text += " It was cut off at the token limit (worker.max_tokens)."
+            text += (" It was cut off at the token limit even after asking again with up to "
+                     f"{output_mode.room_cap(self.settings.worker.max_tokens)} tokens (worker.max_tokens).")
         if self.supervisor.is_external:
             text += (" This server may ignore response_format json_schema (structured output); use one that "
                      "supports it (vLLM, llama.cpp server, Ollama, SGLang).")

@@ -44,6 +44,8 @@ def run_checks(settings: Settings) -> list[Check]:
         ("display", check_display), ("capture", check_capture), ("gpu", check_gpu),
         ("model", check_model), ("worker", check_worker),
     ]
+    if settings.worker.url:                      # an external server: does it honour DeskEye's schema?
+        checks.append(("output", check_output_mode))
     results = []
     for name, check in checks:
         try:
@@ -282,3 +284,35 @@ def check_external_server(settings: Settings) -> Check:
         return Check("worker", False, f"the external server at {url} does not serve worker.remote_model "
                                       f"{wanted!r}; it serves: {', '.join(models[:8])}.")
     return Check("worker", True, f"external server at {url} serves {', '.join(models[:4])}")
+
+
+def check_output_mode(settings: Settings) -> Check:
+    """One describe of a blank frame: does the external server honour response_format json_schema?"""
+    if not check_external_server(settings).is_ok:
+        return Check("output", False, "not checked: the external server does not answer (see the worker line)")
+    import io
+
+    from PIL import Image
+
+    from deskeye.client import WorkerClient
+    from deskeye.output_mode import JSON_SCHEMA
+    from deskeye.supervisor import WorkerSupervisor
+    from deskeye.prompt import DESCRIBE_QUESTION
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), "white").save(buffer, format="PNG")
+    supervisor = WorkerSupervisor(settings)
+    client = WorkerClient(supervisor, settings)
+    try:
+        supervisor.start()
+        answer = client.ask(DESCRIBE_QUESTION, buffer.getvalue())
+    except DeskEyeError as exc:
+        return Check("output", False, f"a test describe failed: {exc}")
+    finally:
+        client.close()
+        supervisor.stop()
+    if answer.output_mode == JSON_SCHEMA:
+        return Check("output", True, f"json_schema: the server honours response_format ({answer.latency_ms} ms)")
+    return Check("output", True, f"{answer.output_mode}: the server IGNORES response_format, so DeskEye asks for "
+                                 "JSON in the prompt and parses it (less reliable); a server with structured "
+                                 "output (vLLM, SGLang, llama.cpp, Ollama) avoids this")

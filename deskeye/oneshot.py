@@ -1,9 +1,9 @@
 """`deskeye describe` and `deskeye ask`: one frame (the screen or an image file), one answer, then exit.
 
-stdout carries only the answer (with --json exactly one object: summary, key_objects, engine, latency_ms;
-`ask` adds `tier`); progress and errors go to stderr. `ask` routes like the Ask box: a quick question is
-answered by a local provider without starting the worker. A screen grab honours the privacy exclusions
-with the app's own message (the active window, and any excluded window in the region).
+stdout carries only the answer (with --json exactly one object: summary, key_objects, engine, latency_ms,
+output_mode; `ask` adds `tier`); progress and errors go to stderr. `ask` routes like the Ask box: a quick question
+is answered by a local provider without starting the worker. A screen grab honours the privacy exclusions with the
+app's own message (the active window, and any excluded window in the region).
 """
 
 from __future__ import annotations

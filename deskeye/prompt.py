@@ -1,9 +1,10 @@
 """The app's own words to the model: system prompt, describe question, the answer schema it asks for,
 and the two data types that carry a conversation (`Turn`) and an answer (`Description`).
 
-Messages are OpenAI chat completions (any OpenAI-compatible server can answer them). The worker keeps
-its own copy of the schema it serves (`inference_worker/protocol.py`); tests/test_prompt.py checks the
-two agree, so the app never imports the worker package. Pure Python: no I/O, nothing at import.
+Messages are OpenAI chat completions (any OpenAI-compatible server can answer them). The schema is the app's: a
+worker serves whatever schema a request carries. The worker knows only the bounds its OCR engine writes within
+(`inference_worker/protocol.py`); tests/test_prompt.py checks the two agree, so the app never imports the worker
+package. Pure Python: no I/O, nothing at import.
 """
 
 from __future__ import annotations
@@ -17,14 +18,35 @@ SUMMARY_MAX_CHARS = 200
 OBJECT_MAX_CHARS = 40
 MAX_KEY_OBJECTS = 8
 
-# Strings bounded by their pattern: grammar engines ignore maxLength when a pattern is set.
+# A string that always closes: no control characters, at most N characters. Grammar engines ignore
+# maxLength when a pattern is set, so the bound lives in the pattern itself. xgrammar (vLLM's and SGLang's default
+# backend) fails to compile a bounded repeat above 128 (`{0,129}`), so a longer bound is written as a run of
+# shorter repeats (`{0,100}{0,100}` for 200): the same language, and every backend (xgrammar, llguidance,
+# outlines-core) compiles it (tests/test_vllm_schema_backends.py). The characters exclude `"` and `\`: outlines-core
+# puts the pattern inside the JSON string's quotes as is, and with a quote in the class its automaton explodes
+# (no index after 5 minutes); without them the raw JSON text is the decoded text, so all backends agree exactly.
+MAX_GRAMMAR_REPEAT = 128
+_TEXT_CHAR = '[^\\u0000-\\u001f"\\\\]'   # printable, and no quote or backslash: see above
+
+
+def bounded_text_pattern(min_chars: int, max_chars: int) -> str:
+    """`^X{min,max}$` for a printable character X, with every bounded repeat at most MAX_GRAMMAR_REPEAT."""
+    num_runs = -(-max_chars // MAX_GRAMMAR_REPEAT)
+    runs = []
+    for index in range(num_runs):
+        run_max = max_chars // num_runs + (1 if index < max_chars % num_runs else 0)
+        run_min = min(min_chars, run_max) if index == 0 else 0
+        runs.append(f"{_TEXT_CHAR}{{{run_min},{run_max}}}")
+    return "^" + "".join(runs) + "$"
+
+
 DESKEYE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "summary": {"type": "string", "pattern": f"^[^\\u0000-\\u001f]{{0,{SUMMARY_MAX_CHARS}}}$"},
+        "summary": {"type": "string", "pattern": bounded_text_pattern(0, SUMMARY_MAX_CHARS)},
         "key_objects": {
             "type": "array",
-            "items": {"type": "string", "pattern": f"^[^\\u0000-\\u001f]{{1,{OBJECT_MAX_CHARS}}}$"},
+            "items": {"type": "string", "pattern": bounded_text_pattern(1, OBJECT_MAX_CHARS)},
             "maxItems": MAX_KEY_OBJECTS,
         },
     },

@@ -21,26 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inference_worker.errors import ProtocolError  # noqa: F401 - re-exported: the name other modules import
 
-# A string that always closes: no control characters, at most N characters. Grammar engines ignore
-# maxLength when a pattern is set, so the bound lives in the pattern itself.
+# The bounds of DeskEye's answers (the app's schema, deskeye/prompt.py, asks for them; the OCR engine writes within
+# them; tests/test_prompt.py keeps the two sides agreeing). The schema itself is the app's: the worker serves any.
 SUMMARY_MAX_CHARS = 200
 OBJECT_MAX_CHARS = 40
 MAX_KEY_OBJECTS = 8
-
-DESKEYE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "summary": {"type": "string", "pattern": f"^[^\\u0000-\\u001f]{{0,{SUMMARY_MAX_CHARS}}}$"},
-        "key_objects": {
-            "type": "array",
-            "items": {"type": "string", "pattern": f"^[^\\u0000-\\u001f]{{1,{OBJECT_MAX_CHARS}}}$"},
-            "maxItems": MAX_KEY_OBJECTS,
-        },
-    },
-    "required": ["summary", "key_objects"],
-    "additionalProperties": False,
-}
-DESKEYE_SCHEMA_NAME = "deskeye_description"
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 DEFAULT_MAX_TOKENS = 256

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from PIL import Image
 
-from inference_worker.protocol import DESKEYE_SCHEMA
+from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import deskeye_response_format
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import running_worker

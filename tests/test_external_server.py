@@ -5,12 +5,14 @@
 2. `transformers serve` (transformers 5.24's OpenAI-compatible server) on the tiny Idefics3 fixture model:
    it loads the local folder offline and answers, but it IGNORES `response_format` (it logs "Ignoring
    unsupported fields in the request: {'response_format'}"), so the answer is unconstrained text, not
-   DeskEye's JSON. The test shows exactly that failure and the client's message for it. DeskEye needs a
-   server with JSON-schema output: vLLM, SGLang, llama.cpp server, Ollama.
+   DeskEye's JSON. The client notices (the answer does not open a JSON object), says so once, and falls back to
+   prompt-and-parse: JSON asked for in the prompt, parsed leniently, one stricter retry, and at the end the
+   model's text as the summary (`output_mode` "prompt_and_parse"). vLLM: tests/test_vllm_e2e.py.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -20,12 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from deskeye import output_mode
 from deskeye.client import WorkerClient
-from deskeye.doctor import check_external_server
+from deskeye.doctor import check_external_server, check_output_mode
 from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.memory import ConversationMemory
 from deskeye.settings import Settings, with_overrides
 from deskeye.supervisor import WorkerSupervisor
+from inference_worker.protocol import SUMMARY_MAX_CHARS
+from deskeye.prompt import DESCRIBE_QUESTION, build_messages
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import stop_process
 from tests.fixtures.text_image import render_text_png
@@ -112,16 +117,48 @@ def _wait_for_uvicorn(proc: subprocess.Popen, output: list[str]) -> str:
     pytest.fail("transformers serve did not start:\n" + "".join(output[-30:]))
 
 
-def test_transformers_serve_answers_but_ignores_response_format(transformers_serve):
+def test_a_server_that_ignores_response_format_gets_prompt_and_parse(transformers_serve, caplog):
+    """transformers serve drops response_format: the client says so once, asks for JSON in the prompt, retries with
+    the stricter prompt, and (a random model writes no JSON) ends with the model's text as the summary."""
     url, output = transformers_serve
     _, client = external(url)
-    with pytest.raises(AnswerError) as failure:
-        client.ask("What is on this screen?", render_text_png(["Release notes draft"]), max_tokens=24)
-    message = str(failure.value)
-    assert f"The answer from {url} is not a DeskEye description" in message
-    assert "may ignore response_format json_schema" in message
+    png = render_text_png(["Release notes draft"])
+    with caplog.at_level(logging.INFO, logger="deskeye.client"):
+        first = client.ask(DESCRIBE_QUESTION, png, max_tokens=24)
+        second = client.ask(DESCRIBE_QUESTION, png, max_tokens=24)
+    assert first.output_mode == second.output_mode == output_mode.PROMPT_AND_PARSE
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "ignores response_format" in r.message]
+    assert len(warnings) == 1 and url in warnings[0].message                       # said once, naming the server
+    retries = [r.message for r in caplog.records if "asking again" in r.message]
+    assert any("is_strict=True" in m for m in retries)                               # the stricter prompt was tried
+    assert wait_until(lambda: _num_answered(output) >= 5, timeout_s=10)             # schema, prompt, strict, x2 ...
     log = "".join(output)
-    assert "Ignoring unsupported fields in the request: {'response_format'}" in log       # the reason
-    answered = r'"POST /v1/chat/completions HTTP/1.1" 200'          # the access log is written after the response
-    assert wait_until(lambda: re.search(answered, "".join(output)), timeout_s=10)           # it did answer
-    assert check_external_server(client.settings).is_ok                                      # and lists the model
+    assert log.count("Ignoring unsupported fields in the request: {'response_format'}") == 1  # ... schema only once
+    assert first.summary == second.summary == _final_text(url, client, png)          # what the server said, bounded
+    assert 0 < len(first.summary) <= SUMMARY_MAX_CHARS and first.key_objects == []
+    assert check_external_server(client.settings).is_ok                               # and lists the model
+    doctor_line = check_output_mode(client.settings)
+    assert doctor_line.is_ok and doctor_line.detail.startswith("prompt_and_parse: the server IGNORES response_format")
+    client.close()
+
+
+def _num_answered(output: list[str]) -> int:
+    return len(re.findall(r'"POST /v1/chat/completions HTTP/1.1" 200', "".join(output)))
+
+
+def _final_text(url: str, client: WorkerClient, png: bytes) -> str:
+    """The server's own answer to the prompt-and-parse ladder's requests, read by the openai client directly."""
+    import openai
+
+    raw = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    model = raw.models.list().data[0].id
+    attempt = output_mode.Attempt(output_mode.PROMPT_AND_PARSE, 24)
+    while True:
+        fields = output_mode.request_fields(attempt, build_messages(DESCRIBE_QUESTION, png))
+        choice = raw.chat.completions.create(model=model, temperature=0, **fields).choices[0]
+        outcome = output_mode.judge(attempt, choice.message.content or "", choice.finish_reason, 24)
+        if outcome.next_attempt is None:
+            raw.close()
+            assert outcome.description is not None
+            return outcome.description.summary
+        attempt = outcome.next_attempt

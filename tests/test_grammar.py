@@ -14,7 +14,8 @@ import torch
 from inference_worker.engines.hf.grammar import (WORD_FILL_MIN_VOCAB, GrammarBatch, GrammarError, GrammarLogitsProcessor,
                                      SchemaGrammars)
 from inference_worker.engines.hf.engine import load_transformers_engine
-from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError
+from inference_worker.protocol import ProtocolError
+from deskeye.prompt import DESKEYE_SCHEMA
 from inference_worker.engines.hf.token_mask import fill_banned_words, unpack_bitmask
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 

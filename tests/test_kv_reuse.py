@@ -13,7 +13,7 @@ from PIL import Image
 
 from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
 from inference_worker.engines.hf.engine import load_transformers_engine
-from inference_worker.protocol import DESKEYE_SCHEMA
+from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import chat_request
 from tests.fixtures.text_image import render_text_png

@@ -32,7 +32,8 @@ from inference_worker.engines.hf.loading import MINICPMO_UNLOADED_PREFIXES, Mode
 from inference_worker.engines.hf.minicpmo import (OPTIONAL_REMOTE_IMPORTS, REMOVED_MASK_UTILS, MiniCPMOEngine,
                                                   chat_messages, is_minicpmo_config, prepare_4d_attention_mask,
                                                   remote_code_compat)
-from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError, parse_chat_request
+from inference_worker.protocol import ProtocolError, parse_chat_request
+from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import Turn, build_messages
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.minicpmo_standin import LLM_HIDDEN, QUERY_NUM, build_minicpmo_standin

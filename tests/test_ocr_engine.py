@@ -2,7 +2,7 @@
 grabbed with mss, read by RapidOCR (the PP-OCRv4 models in its wheel) through `OcrEngine.complete`.
 
 Each screen must get the right key_objects and a summary that quotes its salient line; every answer
-must validate against protocol.DESKEYE_SCHEMA. One Tk root for the module, redrawn per screen, closed
+must validate against DeskEye's schema (deskeye.prompt.DESKEYE_SCHEMA). One Tk root for the module, redrawn per screen, closed
 before the session's Xvfb goes away.
 """
 
@@ -19,7 +19,8 @@ import pytest
 from inference_worker.engines.base import Engine
 from inference_worker.engines.ocr.engine import OcrEngine
 from inference_worker.engines.ocr.reader import OcrReader
-from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError, parse_chat_request
+from inference_worker.protocol import ProtocolError, parse_chat_request
+from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format
 from inference_worker.engines.ocr.concepts import compact, match_concepts
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from inference_worker.protocol import DESKEYE_SCHEMA
+from deskeye.prompt import DESKEYE_SCHEMA
 
 REPO = Path(__file__).resolve().parent.parent
 LINES = ["Quarterly budget review", "Invoice 4471 overdue", "收件箱 3 封未读邮件"]

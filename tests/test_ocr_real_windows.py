@@ -22,7 +22,8 @@ import pytest
 
 from deskeye.window_facts import Region, windows_in_region
 from inference_worker.engines.ocr.engine import OcrEngine
-from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError, parse_chat_request, parse_window_facts
+from inference_worker.protocol import ProtocolError, parse_chat_request, parse_window_facts
+from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format
 from deskeye.window_facts import deskeye_extension
 from tests.fixtures.polling import wait_until

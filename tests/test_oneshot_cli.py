@@ -14,7 +14,7 @@ import pytest
 
 from tests.fixtures.text_image import render_text_png
 
-KEYS = {"summary", "key_objects", "engine", "latency_ms"}
+KEYS = {"summary", "key_objects", "engine", "latency_ms", "output_mode"}
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_describe_image_json_prints_exactly_the_four_keys(cli, text_image):
     assert len(proc.stdout.strip().splitlines()) == 1               # one JSON object, nothing else
     answer = json.loads(proc.stdout)
     assert set(answer) == KEYS
-    assert answer["engine"] == "ocr"
+    assert answer["engine"] == "ocr" and answer["output_mode"] == "json_schema"
     summary = answer["summary"].lower()
     assert all(word in summary for word in ("quarterly", "budget", "review", "meeting")), answer
     assert isinstance(answer["key_objects"], list) and all(isinstance(k, str) for k in answer["key_objects"])

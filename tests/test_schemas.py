@@ -14,7 +14,8 @@ import threading
 import pytest
 import referencing.exceptions
 
-from inference_worker.protocol import DESKEYE_SCHEMA, ProtocolError
+from inference_worker.protocol import ProtocolError
+from deskeye.prompt import DESKEYE_SCHEMA
 from inference_worker.serving.schemas import (REFUSING_REGISTRY, SchemaCache, SchemaLimits, compile_schema,
                                               compile_pattern)
 

@@ -20,7 +20,8 @@ from PIL import Image
 from inference_worker.config import WorkerConfig
 from inference_worker.serving.validation import retry_request
 from inference_worker.engines.base import Engine
-from inference_worker.protocol import DESKEYE_SCHEMA, Completion, parse_chat_request
+from inference_worker.protocol import Completion, parse_chat_request
+from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format, image_data_url, parse_description
 from inference_worker.server.lifetime import run_worker
 from tests.fixtures.text_image import render_text_png

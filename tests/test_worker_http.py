@@ -17,7 +17,8 @@ import jsonschema
 import openai
 import pytest
 
-from inference_worker.protocol import DESKEYE_SCHEMA, ChatCompletion, ChatCompletionChunk, ModelList, parse_chat_request
+from inference_worker.protocol import ChatCompletion, ChatCompletionChunk, ModelList, parse_chat_request
+from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format, image_data_url
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import WorkerHandle, running_worker

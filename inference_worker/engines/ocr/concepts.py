@@ -214,6 +214,12 @@ def clean(text: str) -> str:
     return " ".join(_CONTROL.sub(" ", unicodedata.normalize("NFKC", text)).split())
 
 
+def schema_safe(text: str) -> str:
+    """Text for DeskEye's answer schema, which admits no double quote or backslash (protocol.py says why):
+    a double quote as a single one, a backslash as a slash. Matching keeps seeing the text as read."""
+    return text.replace('"', "'").replace("\\", "/")
+
+
 def compact(text: str) -> str:
     """Lower case without spaces: OCR often drops or adds spaces on small screen text."""
     return "".join(clean(text).lower().split())
@@ -349,7 +355,7 @@ def key_objects(matches: Sequence[ConceptMatch], entities: Sequence[Entity]) -> 
     turns = [group[i] for i in range(max(map(len, by_kind), default=0)) for group in by_kind if i < len(group)]
     objects: list[str] = []
     for item in [m.concept.label for m in concepts] + [e.key_object for e in turns]:
-        item = bounded(clean(item), OBJECT_MAX_CHARS)
+        item = bounded(schema_safe(clean(item)), OBJECT_MAX_CHARS)
         if item and item not in objects:
             objects.append(item)
     return objects[:MAX_KEY_OBJECTS]
@@ -397,7 +403,7 @@ def compose_summary(sections: Sequence[tuple[str, Sequence[str]]], max_chars: in
     for number, (heading, texts) in enumerate(sections):
         part, quoted = heading, []
         for index, text in enumerate(texts):
-            piece = ("; " if quoted else "") + f"“{bounded(text, max_quote_chars)}”"
+            piece = ("; " if quoted else "") + f"“{bounded(schema_safe(text), max_quote_chars)}”"
             if len(summary) + len(part) + len(piece) <= max_chars:
                 part += piece
                 quoted.append(index)

@@ -111,7 +111,7 @@ def render_answer(described: ScreenDescription, schema: dict[str, Any] | None) -
     if problem:
         raise ProtocolError("The ocr engine only answers in DeskEye's schema {\"summary\": string, "
                             f"\"key_objects\": [string]}}, which does not fit this request's schema ({problem}). "
-                            "Use protocol.DESKEYE_SCHEMA, json_object, or plain text.", param="response_format")
+                            "Use DeskEye's schema (deskeye/prompt.py), json_object, or plain text.", param="response_format")
     return json.dumps(data, ensure_ascii=False)
 
 
