@@ -312,8 +312,9 @@ def test_auto_dtype_follows_the_device(monkeypatch):
     assert loading.resolve_dtype("auto", torch.device("cuda", 0)) == torch.float16
 
 
-def test_a_vanishing_temperature_samples_the_best_token_instead_of_failing():
-    """Found by the contract fuzzer: temperature 1e-300 made logits / temperature overflow to inf and the softmax
+def test_a_vanishing_temperature_or_top_p_samples_the_best_token_instead_of_failing():
+    """Found by the contract fuzzer: temperature 1e-300 made logits / temperature overflow to inf, and top_p 1e-300
+    (0 in float32) dropped every token; the softmax was
     nan ("probability tensor contains inf, nan"), which failed the whole batched step."""
     import torch
 
@@ -323,4 +324,7 @@ def test_a_vanishing_temperature_samples_the_best_token_instead_of_failing():
     logits = torch.tensor([0.5, 3.0, -2.0, float("-inf"), 2.9])
     for temperature in (1e-300, 5e-324, 1e-30):
         sampler = TokenSampler(SamplingParams(temperature=temperature, top_p=0.5, top_k=3, seed=7))
+        assert sampler.sample(logits) == 1
+    for top_p in (1e-300, 5e-324, 1e-45):                # 0 in float32: the best token must still stay
+        sampler = TokenSampler(SamplingParams(temperature=2.0, top_p=top_p, top_k=2, seed=7))
         assert sampler.sample(logits) == 1

@@ -72,6 +72,7 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_scores, order = torch.sort(scores, descending=True)
     cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
     drop_sorted = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p
+    drop_sorted[0] = False          # the best token always stays (a top_p below float32's range reads as 0)
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return scores.masked_fill(drop, float("-inf"))
 
