@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import jsonschema
 import pytest
 
-from deskeye.window_facts import Region, windows_in_region
+from deskeye.prompt import DESKEYE_SCHEMA, build_messages, deskeye_response_format
+from deskeye.window_facts import Region, deskeye_extension, windows_in_region
 from inference_worker.engines.ocr.engine import OcrEngine
 from inference_worker.protocol import ProtocolError, parse_chat_request, parse_window_facts
-from deskeye.prompt import DESKEYE_SCHEMA
-from deskeye.prompt import build_messages, deskeye_response_format
-from deskeye.window_facts import deskeye_extension
 from tests.fixtures.polling import wait_until
 from tests.fixtures.real_desktop import start_real_desktop
 
@@ -58,12 +59,15 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("desk")
+def files():
+    """The files the programs open, in a short folder of constant length (/tmp/deskXXXXXXXX): a traceback names
+    the script by its full path, and pytest's own temporary paths grow with each run until the xterm line wraps."""
+    folder = Path(tempfile.mkdtemp(prefix="desk", dir="/tmp"))
     for name, text in (("calc.py", CALC_PY), ("budget.csv", BUDGET_CSV), ("report.txt", REPORT_TXT),
                        ("ledger.py", LEDGER_PY)):
         (folder / name).write_text(text, encoding="utf-8")
-    return folder
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ DIALOG_BUTTONS = r"(?i)^\s*(ok|cancel|retry|abort|ignore|yes|no|close|try again|
 VOCABULARY: tuple[Concept, ...] = (
     Concept("python traceback", "A Python traceback", 4.0,
             ("traceback (most recent call last)", "most recent call last"),
-            (r"^\s*[A-Z]\w*(Error|Exception|Interrupt|Exit)\b:?", r"File \".+\", line \d+")),
+            (r"^\s*[A-Z]\w*(Error|Exception|Interrupt|Exit)\b:?", r"File \".+\", ?line \d+")),
     Concept("error dialog", "An error dialog", 3.5, ERROR_TERMS, needs=("dialog",), hides=("error", "dialog")),
     Concept("warning dialog", "A warning dialog", 3.0, WARNING_TERMS, needs=("dialog",), hides=("warning", "dialog")),
     Concept("login form", "A sign-in form", 3.0,
@@ -124,7 +124,7 @@ ENTITY_KINDS: tuple[EntityKind, ...] = (
         # a traceback's last line starts with the name and a colon, which small fonts make OCR read as t, i or ;
         r"^(?:[a-z_][\w]*\.)*(?P<v>[A-Z][A-Za-z0-9]*(?:Error|Exception))[ti;](?=\s|['\"(\[]|$)")),
     EntityKind("source line", "{0}", (       # group "n" is the line number: "calc.py:2"
-        r"File \"(?:[^\"]*[/\\])?(?P<v>[^\"/\\]{1,60})\", line (?P<n>\d{1,7})",
+        r"File \"(?:[^\"]*[/\\])?(?P<v>[^\"/\\]{1,60})\", ?line (?P<n>\d{1,7})",   # OCR may drop the space
         r"(?<![\w/.-])(?:[\w.-]*/)*(?P<v>[\w-]{1,60}\.[A-Za-z]{1,5}):(?P<n>\d{1,7})(?![\d])")),
     EntityKind("unread", "{0} unread", (
         r"(?i)\b(?P<v>\d{1,5})\s*(unread|new (messages?|emails?|mails?))\b", r"(?i)\bunread\s*[(:]?\s*(?P<v>\d{1,5})",
@@ -215,7 +215,7 @@ def clean(text: str) -> str:
 
 
 def schema_safe(text: str) -> str:
-    """Text for DeskEye's answer schema, which admits no double quote or backslash (protocol.py says why):
+    """Text for DeskEye's answer schema, which admits no double quote or backslash (deskeye/prompt.py says why):
     a double quote as a single one, a backslash as a slash. Matching keeps seeing the text as read."""
     return text.replace('"', "'").replace("\\", "/")
 

@@ -20,7 +20,7 @@ from inference_worker.engines.ocr.reader import OcrConfig, OcrLine, OcrReader, R
 from inference_worker.engines.ocr.screen import describe_screen, faithful_lines
 from inference_worker.engines.ocr.windows import segment
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
-from inference_worker.engines.ocr.concepts import (LineLike, ScreenDescription, clean, compact, compose_summary,
+from inference_worker.engines.ocr.concepts import (LineLike, ScreenDescription, clean, compact, compose_summary, schema_safe,
                                                    describe, extract_entities, match_concepts, salient_order)
 
 if TYPE_CHECKING:
@@ -103,10 +103,11 @@ def describe_frame(read: ReadResult, bgr, windows, question: str) -> ScreenDescr
 
 def render_answer(described: ScreenDescription, schema: dict[str, Any] | None) -> str:
     """JSON in DeskEye's schema when the request asks for JSON; otherwise plain text."""
-    data = {"summary": described.summary, "key_objects": described.key_objects}
     if schema is None:
         objects = f" Key objects: {', '.join(described.key_objects)}." if described.key_objects else ""
         return described.summary + objects
+    # every piece (quoted lines, window titles, objects) in the schema's alphabet: no double quote, no backslash
+    data = {"summary": schema_safe(described.summary), "key_objects": [schema_safe(o) for o in described.key_objects]}
     problem = _schema_problem(data, schema)
     if problem:
         raise ProtocolError("The ocr engine only answers in DeskEye's schema {\"summary\": string, "
