@@ -17,6 +17,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from deskeye.x11_windows import window_title
+
 log = logging.getLogger(__name__)
 
 MAX_TREE_DEPTH = 16
@@ -94,23 +96,11 @@ def _active_window(conn, X):
     return None if focus.id == root.id else focus
 
 
-def _window_title(conn, window) -> str | None:
-    utf8 = conn.intern_atom("UTF8_STRING")
-    prop = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), utf8)
-    if prop is not None and prop.value:
-        value = prop.value
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    name = window.get_wm_name()
-    if isinstance(name, bytes):
-        return name.decode("latin-1")
-    return name or None
-
-
 def _named_ancestor_title(conn, window) -> str | None:
     """The title of `window` or its nearest named ancestor (Tk and toolkits focus an unnamed child)."""
     root_id = conn.screen().root.id
     for _ in range(MAX_TREE_DEPTH):
-        title = _window_title(conn, window)
+        title = window_title(conn, window)
         if title:
             return title
         parent = window.query_tree().parent
@@ -123,7 +113,7 @@ def _named_ancestor_title(conn, window) -> str | None:
 def _named_child_title(conn, window) -> str | None:
     """A reparenting WM's frame has no name; its client child does."""
     for child in window.query_tree().children:
-        title = _window_title(conn, child)
+        title = window_title(conn, child)
         if title:
             return title
     return None

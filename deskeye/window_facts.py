@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from deskeye.x11_windows import window_title
+
 log = logging.getLogger(__name__)
 
 MAX_WINDOW_FACTS = 32                     # the most the worker accepts in one request
@@ -127,7 +129,7 @@ def _fact(conn, root, window, region: Region, focused: int | None) -> WindowFact
     frame = _frame_box(conn, root, window, region) or box
     if not _shows_in(frame, region):
         return None
-    title = _title(conn, window) or ""
+    title = window_title(conn, window)
     app = " ".join(window.get_wm_class() or ())
     return WindowFact(title[:200], app[:200], box, frame, window.id == focused)
 
@@ -146,15 +148,6 @@ def _frame_box(conn, root, window, region: Region) -> tuple[int, int, int, int] 
     return (geometry.x - region.left, geometry.y - region.top,
             geometry.x - region.left + geometry.width + 2 * geometry.border_width,
             geometry.y - region.top + geometry.height + 2 * geometry.border_width)
-
-
-def _title(conn, window) -> str | None:
-    prop = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), conn.intern_atom("UTF8_STRING"))
-    if prop is not None and prop.value:
-        value = prop.value
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    name = window.get_wm_name()
-    return name.decode("latin-1") if isinstance(name, bytes) else (name or None)
 
 
 def _shows_in(box: tuple[int, int, int, int], region: Region) -> bool:

@@ -101,7 +101,7 @@ def list_windows(conn, own_ids: frozenset[int], pid: int) -> list[XWindow]:
             geometry = window.get_geometry()
             clients = [window, *window.query_tree().children]
             is_own = any(c.id in own_ids or _pid_of(c, pid_atom, X) == pid for c in clients)
-            title = next((t for t in (_title(conn, c) for c in clients) if t), "")
+            title = next((t for t in (window_title(conn, c) for c in clients) if t), "")
         except XError:                  # gone while we looked: not on screen any more
             continue
         found.append(XWindow(window.id, Rect(geometry.x, geometry.y, geometry.width, geometry.height), title,
@@ -114,7 +114,8 @@ def _pid_of(window, pid_atom, X) -> int | None:
     return int(prop.value[0]) if prop is not None and len(prop.value) else None
 
 
-def _title(conn, window) -> str:
+def window_title(conn, window) -> str:
+    """The window's _NET_WM_NAME (UTF-8), else WM_NAME, else "" (the reader privacy and window facts share)."""
     prop = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), conn.intern_atom("UTF8_STRING"))
     if prop is not None and prop.value:
         value = prop.value
