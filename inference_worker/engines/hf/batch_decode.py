@@ -455,7 +455,7 @@ class BatchDecoder:
         lengths = [int(t.shape[1]) for t in ids]
         longest = max(lengths)
         num_past = num_past or [0] * len(ids)
-        batch_ids = ids[0].new_full((len(ids), longest), int(ids[0][0, -1]))   # any real token: masked out
+        batch_ids = ids[0].new_full((len(ids), longest), self._filler_token(ids[0]))
         new_mask = torch.zeros_like(batch_ids)
         for i, row in enumerate(ids):
             batch_ids[i, longest - lengths[i]:] = row[0]
@@ -473,6 +473,14 @@ class BatchDecoder:
                              use_cache=True, logits_to_keep=1, **vision)
         totals = [p + n for p, n in zip(num_past, lengths)]
         return cache_ops.split_rows(cache, totals), out.logits[:, -1, :]
+
+    def _filler_token(self, ids: torch.Tensor) -> int:
+        """A token for the padding (masked out, so any real one), but never an image or video placeholder: the model
+        counts those to place the image features (a prefix ends on one)."""
+        config = self.model.config
+        placeholders = {getattr(config, name, None) for name in ("image_token_id", "image_token_index",
+                                                                 "video_token_id")}
+        return next((token for token in ids[0].tolist() if token not in placeholders), int(ids[0, 0]))
 
     def _combine_vision(self, inputs: list[PromptInputs]) -> dict[str, torch.Tensor]:
         """The rows' image tensors as the model's batched forward takes them: NaViT-packed (MiniCPM-V) or stacked."""
