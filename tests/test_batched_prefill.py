@@ -314,3 +314,20 @@ def test_rows_of_stacking_families_and_packed_ones_group_by_their_own_layout(eng
     text_only = engine.prepare(*chat_request("Hello?", None, max_tokens=4)).inputs
     assert packed_image_layout(text_only.vision) == ()
     assert packed_image_layout({"pixel_values": rows[0].vision["pixel_values"][0]}) is None
+
+
+def test_the_prefill_benchmark_runs_and_its_two_ways_agree(tmp_path):
+    """benchmarks/prefill.py, cut short: every (family, reuse, rows) cell timed, and together == one by one."""
+    import json
+
+    from benchmarks import prefill
+
+    out = tmp_path / "prefill.json"
+    prefill.main(["--rows", "1,2", "--repeats", "1", "--json-out", str(out)])
+    results = json.loads(out.read_text(encoding="utf-8"))["results"]
+    assert {(r["family"], r["reuse"], r["rows"]) for r in results} == {
+        (family, mode, rows) for family in prefill.FAMILIES for mode in prefill.MODES for rows in (1, 2)}
+    for result in results:
+        assert result["one_by_one_ms_per_row"] > 0 and result["together_ms_per_row"] > 0
+        assert result["max_logit_gap"] < 1e-5, result
+        assert result["rows_prefilled_together"] == (result["rows"] if result["rows"] > 1 else 0), result
