@@ -283,16 +283,21 @@ def test_joiners_whose_frames_are_kept_prefill_prefixes_together_then_equal_suff
     engine.frame_cache.clear()
 
 
-def test_a_failing_group_forward_leaves_its_rows_prefilled_alone(engine):
+@pytest.mark.parametrize("is_kept", [False, True], ids=["reuse-off", "frame-kept"])
+def test_a_failing_group_forward_leaves_its_rows_prefilled_alone(engine, is_kept):
+    """reuse off: the 3-row whole-prompt forward fails. frame kept: the 3-row prefix forward succeeds and the 2-row
+    suffix forward fails, so nothing of the group was kept yet: each row is prefilled (and its frame kept) alone."""
+    engine.frame_cache.clear()
     alone = [solo(engine, prepared(engine, i)) for i in range(4)]
-    items = [prepared(engine, i) for i in range(4)]
+    items = [prepared(engine, i, is_kept=is_kept) for i in range(4)]
+    failing_rows = 2 if is_kept else 3
     calls, forward = [], engine.model.forward
 
     def failing_forward(*args, **kwargs):
         ids = kwargs.get("input_ids")
         if ids is not None and ids.shape[1] > 1:
             calls.append(ids.shape[0])
-            if ids.shape[0] > 1:
+            if ids.shape[0] == failing_rows:
                 raise RuntimeError("a batched prefill that fails")
         return forward(*args, **kwargs)
     engine.model.forward = failing_forward
@@ -300,9 +305,18 @@ def test_a_failing_group_forward_leaves_its_rows_prefilled_alone(engine):
         results = join(engine, items, {2: [1, 2, 3]})
     finally:
         del engine.model.forward
-    assert calls == [1, 3, 1, 1, 1]
+    group = [3, 1, 2] if is_kept else [3]                # kept: prefixes (3 rows), suffix of 47 alone, the pair fails
+    per_row = [1, 1] if is_kept else [1]                 # each row alone: prefix then suffix, or the whole prompt
+    assert calls == per_row + group + per_row * 3
     for i in range(4):
         assert_same_logits(results[i], alone[i], f"row {i}")
+    if is_kept:
+        assert engine.frame_cache.num_entries == 4
+        for i in range(1, 4):
+            hit = solo(engine, prepared(engine, i, is_kept=True))
+            assert hit.kv_cache == "exact"
+            assert_same_logits(hit, alone[i], f"exact hit {i}")
+    engine.frame_cache.clear()
 
 
 def test_rows_of_stacking_families_and_packed_ones_group_by_their_own_layout(engine):
