@@ -101,7 +101,8 @@ def measure(engine, family: str, num_rows: int, mode: str, repeats: int) -> dict
     together_ms = statistics.median(times["together"]) * 1000 / num_rows
     return {"family": family, "rows": num_rows, "reuse": mode, "one_by_one_ms_per_row": round(alone_ms, 3),
             "together_ms_per_row": round(together_ms, 3), "speedup": round(alone_ms / together_ms, 2),
-            "max_logit_gap": gap, "rows_prefilled_together": num_grouped, "prompt_tokens": [item.inputs.num_tokens for item in items]}
+            "max_logit_gap": gap, "rows_prefilled_together": num_grouped,
+            "prompt_tokens": [item.inputs.num_tokens for item in items]}
 
 
 def run(row_counts: list[int], repeats: int) -> list[dict[str, Any]]:

@@ -6,9 +6,10 @@ the prefix KV comes from the FrameCache when this frame (exact) or a near-identi
 before (then only the suffix is prefilled), else the prefix is prefilled with the images and kept. Cold rows that
 join together are prefilled together, left-padded, where the model allows it (`can_prefill_together`: images that
 stack along the batch, or MiniCPM-V's NaViT-packed ones; plain or hybrid linear/full attention caches), then cut
-back into one unpadded cache per row (cache_ops.split_rows); the others are prefilled alone. The new rows' caches are then merged into the running batch with left padding (cache_ops.py) and all
-live rows decode together, one token per row per step, each with its own sampling (greedy, or seeded temperature/
-top-p/top-k), its own grammar and its own token limit; positions are kept per row, so padding never shifts them.
+back into one unpadded cache per row (cache_ops.split_rows); the others are prefilled alone. The new rows' caches
+are then merged into the running batch with left padding (cache_ops.py) and all live rows decode together, one
+token per row per step, each with its own sampling (greedy, or seeded temperature/top-p/top-k), its own grammar and
+its own token limit; positions are kept per row, so padding never shifts them.
 
 Between steps the decoder asks `take_more(num_live)` for rows that arrived meanwhile (the service hands them from
 its queue without waiting): a new request waits at most one step, not for the whole batch. A row that ends (EOS,
@@ -148,10 +149,10 @@ class BatchDecoder:
         self.frame_cache = frame_cache
         self.grammars = grammars
         self.can_merge = can_merge        # False: a cache that left padding cannot merge; rows decode alone
-        #: cold rows that join together are prefilled in one left-padded forward (plain attention, image tensors
-        #: that stack along the batch); else each row is prefilled alone
+        #: cold rows that join together are prefilled in one left-padded forward (engine.can_prefill_together);
+        #: else each row is prefilled alone
         self.can_prefill_together = can_prefill_together and can_merge
-        #: image tensors packed NaViT-style into one row (MiniCPM-V, minicpmv.py), not stacked along the batch
+        #: image tensors packed NaViT-style into one row (MiniCPM-V: packed_images.py), not stacked along the batch
         self.packs_images = packs_images(model)
         self.keep_logits = keep_logits
         self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
