@@ -283,6 +283,27 @@ def test_joiners_whose_frames_are_kept_prefill_prefixes_together_then_equal_suff
     engine.frame_cache.clear()
 
 
+def test_an_exact_hit_joining_with_cold_rows_prefills_only_its_suffix_beside_their_group(engine):
+    engine.frame_cache.clear()
+    alone = [solo(engine, prepared(engine, i)) for i in range(4)]
+    solo(engine, prepared(engine, 3, is_kept=True))          # row 3's frame is now cached
+    items = [prepared(engine, i, is_kept=True) for i in range(4)]
+    calls = counting_prefills(engine)
+    try:
+        results = join(engine, items, {2: [1, 2, 3]})
+    finally:
+        del engine.model.forward
+    prefixes = [int(item.inputs.prefix_ids.shape[1]) for item in items]
+    suffixes = [int(item.inputs.suffix_ids.shape[1]) for item in items]
+    assert calls == [(1, prefixes[0]), (1, suffixes[0]),
+                     (2, max(prefixes[1:3])), (1, suffixes[1]), (1, suffixes[2]),   # rows 1, 2: one group
+                     (1, suffixes[3])]                                             # row 3: its suffix only
+    assert [results[i].kv_cache for i in range(4)] == ["miss", "miss", "miss", "exact"]
+    for i in range(4):
+        assert_same_logits(results[i], alone[i], f"row {i}")
+    engine.frame_cache.clear()
+
+
 @pytest.mark.parametrize("is_kept", [False, True], ids=["reuse-off", "frame-kept"])
 def test_a_failing_group_forward_leaves_its_rows_prefilled_alone(engine, is_kept):
     """reuse off: the 3-row whole-prompt forward fails. frame kept: the 3-row prefix forward succeeds and the 2-row
@@ -322,6 +343,8 @@ def test_a_failing_group_forward_leaves_its_rows_prefilled_alone(engine, is_kept
 def test_rows_of_stacking_families_and_packed_ones_group_by_their_own_layout(engine):
     """MiniCPM-V rows with images of different shapes share one packed forward; a row without an image does not."""
     from inference_worker.engines.hf.packed_images import packed_image_layout
+
+    assert engine.decoder.can_prefill_together and engine.decoder.packs_images
 
     rows = inputs_of(engine, range(4))
     assert len({packed_image_layout(r.vision) for r in rows}) == 1
