@@ -63,3 +63,22 @@ def test_a_joiner_appends_to_a_running_batch_on_whichever_side_is_longer(row_cac
     attention, linear = layers_of(merged)
     assert torch.equal(attention.keys[2], layers_of(row_caches[1])[0].keys[0])
     assert linear.recurrent_states[0].shape[0] == 3
+
+
+def test_split_rows_gives_back_each_row_unpadded_and_unshared(row_caches):
+    """merge's inverse (what a batched prefill uses): every row's own cache, equal to the one merged, a copy."""
+    merged, _ = cache_ops.merge(row_caches)
+    rows = cache_ops.split_rows(merged, LENGTHS)
+    assert len(rows) == len(LENGTHS)
+    for row, alone in zip(rows, row_caches):
+        (attention, linear), (alone_attention, alone_linear) = layers_of(row), layers_of(alone)
+        assert torch.equal(attention.keys, alone_attention.keys)
+        assert torch.equal(attention.values, alone_attention.values)
+        assert torch.equal(linear.conv_states[0], alone_linear.conv_states[0])
+        assert torch.equal(linear.recurrent_states[0], alone_linear.recurrent_states[0])
+        assert linear.has_previous_state[0] and linear.conv_kernel_size[0] == alone_linear.conv_kernel_size[0]
+    layers_of(merged)[1].recurrent_states[0].add_(1.0)                    # the batch moves on in place ...
+    layers_of(merged)[0].keys.add_(1.0)
+    for row, alone in zip(rows, row_caches):                                # ... its rows do not
+        assert torch.equal(layers_of(row)[1].recurrent_states[0], layers_of(alone)[1].recurrent_states[0])
+        assert torch.equal(layers_of(row)[0].keys, layers_of(alone)[0].keys)

@@ -218,10 +218,10 @@ def solo_item(engine, item):
     return results[0]
 
 
-def test_cold_rows_joining_together_are_prefilled_in_one_forward_where_their_images_stack(engine):
-    """Idefics3 and LLaVA: the joiners' prompts go through one left-padded forward (position_ids = cumsum(mask)-1)
-    and still get their solo logits. MiniCPM-V packs all patches in one row (and its linear attention would take
-    padding into its state): its joiners are prefilled one by one."""
+def test_cold_rows_joining_together_are_prefilled_in_one_forward(engine):
+    """The joiners' prompts go through one left-padded forward (position_ids = cumsum(mask)-1) and still get their
+    solo logits: Idefics3 and LLaVA stack their images along the batch, MiniCPM-V 4.6 packs them NaViT-style and its
+    linear-attention states take no padding in (tests/test_batched_prefill.py goes further)."""
     requests = requests_for_join()[:3]
     alone = [solo(engine, r, images) for r, images in requests]
     items = [engine.prepare(r, images) for r, images in requests]
@@ -242,5 +242,4 @@ def test_cold_rows_joining_together_are_prefilled_in_one_forward_where_their_ima
 
     for index in range(3):
         assert_same_logits(results[index], alone[index], f"row {index}")
-    stacks = engine.model.config.model_type in ("idefics3", "llava")
-    assert prefills == ([1, 2] if stacks else [1, 1, 1])
+    assert prefills == [1, 2]

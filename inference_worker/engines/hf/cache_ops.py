@@ -8,6 +8,11 @@ computed on that row alone, so stacking them changes nothing it computes (left p
 recurrent state: each row was prefilled alone, and a one-token decode step holds no padding).
 
 transformers 5.24's `LinearAttentionLayer` has no `batch_select_indices`; `select_rows` here covers both kinds.
+
+`split_rows` is merge's inverse for a batched prefill: each row's own unpadded cache, cut from a left-padded
+forward's cache (attention: the row's last `length` columns; linear attention: its row of the states, which a
+left-padded prefill leaves exactly as a solo one: the model zeroes padded inputs, and zero input into a zero state
+stays zero — see tests/test_batched_prefill.py).
 """
 
 from __future__ import annotations
@@ -63,6 +68,18 @@ def select_rows(cache: DynamicCache, indices: torch.Tensor) -> None:
             _select_linear(layer, indices)
 
 
+def split_rows(cache: DynamicCache, lengths: Sequence[int]) -> list[DynamicCache]:
+    """One unpadded cache per row of `cache` (a left-padded batch whose row i holds `lengths[i]` real tokens at the
+    right), each a copy: nothing is shared with `cache` or between rows."""
+    rows = []
+    for i, length in enumerate(lengths):
+        row = DynamicCache()
+        row.layers = [_attention_row(layer, i, length) if type(layer) is DynamicLayer else _linear_row(layer, i)
+                      for layer in cache.layers]
+        rows.append(row)
+    return rows
+
+
 def trim_left(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
     """Drop the leading columns that no row attends to (left padding of rows that left); returns the new mask."""
     attended = mask.any(dim=0)
@@ -101,6 +118,31 @@ def _merge_linear(parts: Sequence[LinearAttentionLayer]) -> LinearAttentionLayer
             layer.recurrent_states[i] = torch.cat([p.recurrent_states[i] for p in parts], dim=0)
             layer.is_recurrent_states_initialized[i] = True
     return layer
+
+
+def _attention_row(layer: DynamicLayer, row: int, length: int) -> DynamicLayer:
+    out = DynamicLayer()
+    if layer.is_initialized and layer.keys.numel():
+        keys = layer.keys[row:row + 1, :, layer.keys.shape[2] - length:].clone()
+        values = layer.values[row:row + 1, :, layer.values.shape[2] - length:].clone()
+        out.lazy_initialization(keys, values)
+        out.keys, out.values = keys, values
+    return out
+
+
+def _linear_row(layer: LinearAttentionLayer, row: int) -> LinearAttentionLayer:
+    out = LinearAttentionLayer(number_of_states=layer.number_of_states)
+    out.device, out.dtype, out.record_past = layer.device, layer.dtype, layer.record_past
+    for i in range(layer.number_of_states):
+        out.conv_kernel_size[i] = layer.conv_kernel_size[i]
+        out.has_previous_state[i] = layer.has_previous_state[i]
+        if layer.is_conv_states_initialized[i]:
+            out.conv_states[i] = layer.conv_states[i][row:row + 1].clone()
+            out.is_conv_states_initialized[i] = True
+        if layer.is_recurrent_states_initialized[i]:
+            out.recurrent_states[i] = layer.recurrent_states[i][row:row + 1].clone()
+            out.is_recurrent_states_initialized[i] = True
+    return out
 
 
 def _select_linear(layer: Any, indices: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 #: model_types whose processor outputs one batch row per prompt (pixel_values (1, ...)) that stack along the batch;
-#: MiniCPM-V packs every image's patches into one row (NaViT), so it is not here
+#: MiniCPM-V packs every image's patches into one row (NaViT): packed_images.PACKED_IMAGE_FAMILIES
 STACKABLE_IMAGE_FAMILIES = ("idefics3", "smolvlm", "llava")
 
 
@@ -175,13 +175,22 @@ class TransformersEngine(Engine):
 
 
 def can_prefill_together(model: Any) -> bool:
-    """Whether cold rows of this model may be prefilled in one left-padded forward: plain attention layers, and a
-    family whose image tensors (pixel_values, pixel_attention_mask) stack along the batch dimension."""
+    """Whether cold rows of this model may be prefilled in one left-padded forward: a family whose image tensors
+    stack along the batch (pixel_values, pixel_attention_mask) with plain attention layers, or MiniCPM-V 4.6, whose
+    images pack NaViT-style (packed_images.py) and whose hybrid cache (linear + full attention) cache_ops merges
+    and splits: its linear layers zero padded inputs, so left padding leaves their conv and recurrent states as a
+    solo prefill does (tests/test_batched_prefill.py)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-    return plain and model.config.model_type in STACKABLE_IMAGE_FAMILIES
+    from inference_worker.engines.hf.cache_ops import can_merge_layers
+    from inference_worker.engines.hf.packed_images import PACKED_IMAGE_FAMILIES
+
+    cache = DynamicCache(config=model.config)
+    if model.config.model_type in PACKED_IMAGE_FAMILIES:
+        return can_merge_layers(cache)
+    return model.config.model_type in STACKABLE_IMAGE_FAMILIES and all(type(layer) is DynamicLayer
+                                                                       for layer in cache.layers)
 
 
 def image_token_id(config: Any, tokenizer: Any, processor: Any) -> int | None:
