@@ -298,7 +298,7 @@ def test_an_entry_counts_its_thumbnails_and_bookkeeping_beside_its_tensors(mail)
 
     cache = FrameCache(max_bytes=10**8, similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
     signature = frame_signature([mail])
-    assert signature.nbytes == 256 * 192 * 3                   # the similar search's RGB thumbnail
+    assert signature.nbytes == 256 * 192 * 3 + 64 * 48 * 3 * 2  # the RGB thumbnail and its int16 cell sums
     cache.put(b"mail", GROUP, signature, "mail KV", 27_648)     # a tiny model's 16 image tokens of KV
     assert cache.num_bytes == 27_648 + signature.nbytes + ENTRY_OVERHEAD_BYTES
     cache.put(b"no signature", GROUP, None, "KV", 1000)
@@ -356,3 +356,41 @@ def test_rss_stays_within_the_budget_while_entries_churn():
     grown_mb = report["grown"] / 2**20
     print(f"RSS grew {grown_mb:.1f} MB for a {budget / 2**20:.0f} MB cache: {report}")
     assert grown_mb <= budget / 2**20 * 1.10 + 8, f"RSS grew {grown_mb:.0f} MB for a 48 MB cache: {report}"
+
+
+def test_the_cell_sum_bounds_never_exceed_the_full_distance_so_the_search_finds_what_a_full_scan_finds(mail):
+    """The similar search compares cell sums first and skips frames they rule out; that is only right if the sums'
+    share is a lower bound of frame_distance. Checked over frames from identical to unrelated, then the search
+    against a full scan of every candidate."""
+    import random
+
+    import numpy as np
+    from PIL import ImageDraw
+
+    from inference_worker.engines.hf.frame_cache import frame_distance, lower_bounds
+
+    rng = random.Random(7)
+    frames = []
+    for num_edits in (0, 1, 2, 4, 8, 16, 64, 256):
+        frame = mail.copy()
+        draw = ImageDraw.Draw(frame)
+        for _ in range(num_edits):
+            x, y = rng.randrange(mail.width - 40), rng.randrange(mail.height - 12)
+            draw.rectangle((x, y, x + rng.randrange(2, 40), y + rng.randrange(2, 12)),
+                           fill=tuple(rng.randrange(256) for _ in range(3)))
+        frames.append(frame_signature([frame]))
+    frames.append(frame_signature([DIFFERENT_SCREENS["other text lines"]()]))
+    frames.append(frame_signature([mail.resize((1024, 768))]))              # other size: never a stand-in
+    query = frame_signature([with_cursor(mail, CURSORS["I-beam 2x10 (20 px)"])])
+    distances = np.array([frame_distance(query, other) for other in frames])
+    bounds = lower_bounds(query, frames)
+    assert np.all(bounds <= distances)
+    assert np.isinf(bounds[-1])
+    assert 0 < np.count_nonzero(bounds > DEFAULT_KV_SIMILAR_THRESHOLD) < len(frames)     # they rule some out, not all
+    for threshold in (0.0, 0.002, 0.01, 0.05, 0.2, 1.0):
+        cache = FrameCache(max_bytes=10**9, similar_threshold=threshold)
+        for i, signature in enumerate(frames):
+            cache.put(b"frame %d" % i, GROUP, signature, "KV", 1)
+        within = [(d, -i) for i, d in enumerate(distances) if d <= threshold]   # most recent first among ties
+        expected = None if not within else (b"frame %d" % -min(within)[1], min(within)[0])
+        assert cache.nearest(GROUP, query) == expected, threshold

@@ -373,3 +373,35 @@ def test_metrics_have_prometheus_types(tiny_worker):
     assert types["deskeye_worker_queue_depth"] == "gauge"
     assert types["deskeye_worker_model_loaded"] == "gauge"
     assert types["deskeye_worker_batch_size"] == "histogram"
+
+
+def test_the_workers_connections_have_nagle_off_so_keep_alive_answers_do_not_wait_for_a_delayed_ack():
+    """Every answer after a keep-alive connection's first used to wait ~40 ms: the listening socket was made with
+    protocol 0, so asyncio (which checks for IPPROTO_TCP) left Nagle on, and the answer's second segment waited
+    for the client's delayed ACK. Checked where it happens: a connection accepted by asyncio from the worker's
+    own listening socket, as uvicorn serves it."""
+    import asyncio
+    import types
+
+    from inference_worker.server.lifetime import _bind
+
+    async def accepted_nodelay() -> int:
+        sock = _bind(types.SimpleNamespace(host="127.0.0.1", port=0))
+        seen: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport):
+                option = transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                seen.set_result(option)
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        try:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            option = await asyncio.wait_for(seen, 10)
+            writer.close()
+            return option
+        finally:
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
