@@ -198,3 +198,8 @@ def _mask_of(caches: Sequence[DynamicCache]) -> torch.Tensor:
     longest = max(_seq_length(c) for c in caches)
     device = _device_of(caches[0])
     return torch.cat([_single_mask(_seq_length(c), longest, _num_rows(c), device) for c in caches], dim=0)
+
+
+def is_plain_attention(cache: DynamicCache) -> bool:
+    """Whether every layer of the cache is a plain attention layer (keys and values only: no recurrent state)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
