@@ -4,8 +4,8 @@ Rows join a running decode and leave it the moment they end. A row's prompt is s
 into a *prefix* (system prompt, earlier turns, image tokens) and a *suffix* (the rest, up to the generation prompt);
 the prefix KV comes from the FrameCache when this frame (exact) or a near-identical one (similar) was prefilled
 before (then only the suffix is prefilled), else the prefix is prefilled with the images and kept. Cold rows that
-join together are prefilled together, left-padded, where the model allows it (`can_prefill_together`: images that
-stack along the batch, or MiniCPM-V's NaViT-packed ones; plain or hybrid linear/full attention caches: prefill_together.py), then cut
+join together are prefilled together, left-padded, where the model allows it (prefill_together.py; images that
+stack along the batch, or MiniCPM-V's NaViT-packed ones; plain or hybrid linear/full attention caches), then cut
 back into one unpadded cache per row (cache_ops.split_rows); the others are prefilled alone. The new rows' caches
 are then merged into the running batch with left padding (cache_ops.py) and all live rows decode together, one
 token per row per step, each with its own sampling (greedy, or seeded temperature/top-p/top-k), its own grammar and
