@@ -62,7 +62,7 @@ def decode_image(part: ImagePart, max_pixels: int, where: str = "image") -> Imag
         raise _too_large(where, f"{width}x{height} = {width * height:,} pixels", max_pixels)
     try:
         image.load()
-        return image.convert("RGB")
+        return image if image.mode == "RGB" else image.convert("RGB")
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ProtocolError(f"{where}: the {image.format or 'image'} file is broken ({_reason(exc)}).",
                             param=where) from None
