@@ -325,11 +325,37 @@ def real_window_rows(repeats: int) -> list[dict]:
                      "cpu_s": round(statistics.median(cpu), 4), "n": repeats,
                      "area_read_fraction": last.extra["ocr"]["area_read_fraction"],
                      "answer": json.loads(last.text)})
+        desktop.close_all()
+        rows.append(terminal_row(engine, desktop, folder, region, repeats))
     finally:
         desktop.stop()
         engine.close()
         shutil.rmtree(folder, ignore_errors=True)
     return rows
+
+
+def terminal_row(engine, desktop, folder: Path, region, repeats: int) -> dict:
+    """A dense terminal: xterm filling the region with a shell session (long `ls -l` rows, a traceback), described
+    from the pixels alone (the monospace grid decides it is a terminal), full read with an empty cache."""
+    from inference_worker.protocol import parse_chat_request
+    from deskeye.prompt import build_messages, deskeye_response_format
+
+    (folder / "calc.py").write_text("def ratio(done, total):\n    return done / total\n\nprint(ratio(3, 0))\n")
+    (folder / "todo.txt").write_text("buy milk\ncall the bank about the card\nrenew passport before June\n")
+    desktop.shell_session(["-bg", "white", "-fg", "black", "-geometry", "100x34", "-fa", "Monospace", "-fs", "10"],
+                          "% ", ["ls -l", "cat todo.txt budget.csv", "wc -l calc.py todo.txt budget.csv",
+                                 "python3 calc.py"], cwd=folder, at=(region.left, region.top))
+    image = desktop.grab((region.left, region.top, region.width, region.height))
+    request = parse_chat_request({"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", None),
+                                  "response_format": deskeye_response_format()})
+
+    def cold():
+        engine.reader.clear_cache()
+        return engine.complete(request, [image])
+    cold()
+    stats, completion = timed(cold, repeats)
+    return {"case": "describe real windows 800x600 (light xterm, pixels only)", "config": "deskeye, full read",
+            **stats, "lines": completion.extra["ocr"]["num_lines"], "answer": json.loads(completion.text)}
 
 
 def deskeye_label() -> str:

@@ -102,17 +102,7 @@ def terminal_with_traceback(desktop, files):
 
 
 def shell_session(desktop, files, xterm_args: list[str], prompt: str, commands: list[str]):
-    """xterm running an interactive bash with `prompt`, each command typed and finished in turn."""
-    desktop.launch(["xterm", *xterm_args, "-e", "bash", "--norc", "-i"], "xterm", at=CORNER, cwd=str(files))
-    prompted = files / "prompted"              # bash touches it before each prompt: the command has ended
-    desktop.type_keys(f"PS1='{prompt}'; PROMPT_COMMAND='touch {prompted}'; clear\n")
-    assert wait_until(prompted.exists, timeout_s=30)
-    prompted.unlink()
-    for command in commands:
-        desktop.type_keys(command + "\n")
-        assert wait_until(prompted.exists, timeout_s=60), f"{command} did not finish"
-        prompted.unlink()
-    desktop.wait_painted()                       # xterm has painted the output and the new prompt
+    desktop.shell_session(xterm_args, prompt, commands, cwd=files, at=CORNER)
 
 
 # ------------------------------------------------------------------ terminals and dialogs
@@ -218,11 +208,7 @@ def test_source_code_on_a_monospace_grid_is_a_code_editor(engine, screen, files)
     from inference_worker.engines.ocr.monospace import monospace_grid
 
     shell_session(screen, files, [*XTERM_COLOURS["light"], "-geometry", "88x30", "-fa", "Monospace", "-fs", "12",
-                                  "-T", "ledger.py"], "", [])
-    screen.type_keys("clear; cat ledger.py\n")
-    assert wait_until((files / "prompted").exists, timeout_s=30)
-    (files / "prompted").unlink()
-    screen.wait_painted()
+                                  "-T", "ledger.py"], "", ["clear; cat ledger.py"])
     lines, bgr, _ = view_of(engine, screen, "ledger.py")
     assert monospace_grid(lines, bgr) is not None, [ln.text for ln in lines]
     answer, _ = describe(engine, screen, with_facts=True)

@@ -68,11 +68,12 @@ CODE_LINE = re.compile(r"^\s*(def|class|import|from|return|if|elif|else|for|whil
 SHELL_OUTPUT = re.compile(r"^Traceback \(most recent call last\)|^\s*File \"[^\"]+\", line \d+"
                           r"|^[-dlcbps][-rwxsStT]{9}[.+@]?(\s|\d|$)|^total \d+$"
                           r"|command not found|No such file or directory|Permission denied|^bash: |^zsh: ")
-#: a command typed at a prompt the terminal no longer shows (PS1 empty, or scrolled): a common program with
-#: options or paths, or a pipe into one
+#: a command typed at a prompt the terminal no longer shows (PS1 empty, or scrolled): a common program with an
+#: option or a path among its arguments (not "make sure the file exists."), or a pipe into one
 COMMAND_LINE = re.compile(r"^(?:sudo\s+)?(?:ls|cd|cat|grep|wc|git|python3?|pip3?|make|echo|ssh|docker|npm|head|tail|"
-                          r"find|less|cp|mv|rm|mkdir|chmod|curl|wget|apt|apt-get|ps|df|du|tar|kill|man)"
-                          r"(?:\s+(?:-{1,2}[\w-]+|[\w./~*-]+))+\s*$|\s\|\s*(?:head|tail|grep|wc|sort|less|uniq)\b")
+                          r"find|less|cp|mv|rm|mkdir|chmod|curl|wget|apt|apt-get|ps|df|du|tar|kill|man)(?:\s+\S+){1,8}$")
+COMMAND_ARG = re.compile(r"\s(?:-{1,2}[A-Za-z][\w-]*|\S*[/~*]\S*|\w[\w-]*\.\w{1,5})(?=\s|$)")
+PIPE = re.compile(r"\S\s\|\s*(?:head|tail|grep|wc|sort|less|uniq)\b")
 TIME_TEXT = re.compile(r"(?<!\d)([01]?\d|2[0-3]):[0-5]\d(:[0-5]\d)?(?!\d)")
 DIGIT_KEY = re.compile(r"^[0-9]$")
 OPERATOR_KEY = re.compile(r"^([+\-×÷*/=%.]|\+/-|AC|C|CE|CE/C)$")
@@ -152,7 +153,7 @@ def _terminal(lines, view, bgr) -> str | None:
         return None
     texts = [clean(ln.text) for ln in lines]
     if any(SHELL_OUTPUT.search(t) for t in texts) or _prompts_at_margin(lines, grid, "$%❯") \
-            or (grid is not None and any(COMMAND_LINE.search(t) and not CODE_LINE.search(t) for t in texts)):
+            or (grid is not None and any(_is_command(t) and not CODE_LINE.search(t) for t in texts)):
         return "terminal"
     if _code_editor(lines, view, bgr) is not None:
         return None                         # source code on a grid: an editor, unless a shell is seen above
@@ -162,14 +163,22 @@ def _terminal(lines, view, bgr) -> str | None:
 
 
 def _prompts_at_margin(lines: Sequence[OcrLine], grid: Grid | None, marks: str) -> int:
-    """Lines that start at the grid's left margin with a prompt mark and a command word (or the mark alone: the
-    prompt waiting at the bottom)."""
+    """Lines that start at the grid's left margin with a prompt mark and then a command with an option or a path
+    (or nothing: the prompt waiting at the bottom); not a `% comment` or `$var = 1;` line."""
     if grid is None:
         return 0
-    pattern = re.compile(rf"^[{re.escape(marks)}](?:\s*$|\s?(?![\d.,]+(?:\s|$))[a-z0-9.~/][\w.+-]*(?:\s|$))")
-    return sum(1 for ln in lines
-               if abs(ln.box[0] - grid.left_px) <= 1.5 * grid.cell_px and pattern.match(clean(ln.text))
-               and not CODE_LINE.search(clean(ln.text)))
+    count = 0
+    for line in lines:
+        text = clean(line.text)
+        if abs(line.box[0] - grid.left_px) > 1.5 * grid.cell_px or not text or text[0] not in marks:
+            continue
+        rest = text[1:].strip()
+        count += not CODE_LINE.search(text) and (not rest or bool(COMMAND_ARG.search(" " + rest)))
+    return count
+
+
+def _is_command(text: str) -> bool:
+    return bool(PIPE.search(text)) or bool(COMMAND_LINE.match(text) and COMMAND_ARG.search(text))
 
 
 def _code_editor(lines, view, bgr) -> str | None:

@@ -75,7 +75,7 @@ def emptiest_lattice(lines: Sequence[OcrLine], bgr: np.ndarray) -> Grid | None:
     if best is None:
         return None
     ink, pitch, phase = best
-    return Grid(round(pitch, 2), left + phase, round(ink * covered.sum() / inked.sum(), 3))
+    return Grid(round(pitch, 2), left + phase, round(float(ink * covered.sum() / inked.sum()), 3))
 
 
 def fitted_cell_px(lines: Sequence[OcrLine]) -> float | None:
@@ -110,10 +110,10 @@ def _column_ink(lines: Sequence[OcrLine], bgr: np.ndarray, left: int, right: int
 
 
 def _emptiest_lattice(covered: np.ndarray, inked: np.ndarray, cell_px: float) -> tuple[float, float, float] | None:
-    """(ink share, pitch, phase) of the lattice with the least ink, pitches within -20%..+25% of `cell_px`
-    (the fit is rough; the range keeps out half and double pitches), or None when none is sampled enough."""
+    """(ink share, pitch, phase) of the lattice with the least ink, pitches within 30% of `cell_px` (the fit is
+    rough when many lines are misread; the range keeps out half pitches), or None when none is sampled enough."""
     best = None
-    for pitch in np.arange(0.8 * cell_px, 1.25 * cell_px, PITCH_STEP_PX):
+    for pitch in np.arange(0.7 * cell_px, 1.3 * cell_px, PITCH_STEP_PX):
         phases = np.arange(0.0, pitch, PHASE_STEP_PX)
         steps = np.arange(0, len(covered) / pitch + 1)
         columns = np.rint(phases[:, None] + steps[None, :] * pitch).astype(np.int64)
