@@ -41,8 +41,9 @@ REPORT_TXT = ("本周工作周报\n\n1. 完成了登录模块的重构\n2. 修�
               "下周计划：性能测试与文档整理\n")
 TODO_TXT = "buy milk\ncall the bank about the card\nrenew passport before June\nbook flights to Lisbon\n"
 NOTES_TXT = ("Shell notes\n\nTo see what is in a folder, open a terminal and type ls -l there; the\n"
-             "listing shows each file with its size. A prompt such as $ ls -l waits for\n"
-             "your command. No such file or directory means that the path is wrong,\n"
+             "listing shows each file with its size. The prompt waits for your command:\n"
+             "$ ls -l ~/photos\n"
+             "No such file or directory means that the path is wrong,\n"
              "and Permission denied means that you may not read the file at all.\n")
 LEDGER_PY = ("import json\n\n\nclass Ledger:\n    def __init__(self, path):\n        self.path = path\n\n"
              "    def total(self):\n        with open(self.path) as f:\n            rows = json.load(f)\n"
@@ -218,6 +219,8 @@ def test_source_code_on_a_monospace_grid_is_a_code_editor(engine, screen, files)
 
 @pytest.mark.parametrize("with_facts", [True, False], ids=["facts", "pixels"])
 def test_a_proportional_document_about_the_shell_is_not_a_terminal(engine, screen, files, with_facts):
+    """Its lines quote a prompt (`$ ls -l ~/photos`, which alone makes a terminal) and a shell's errors, in a
+    proportional font: the measure says so and it stays a document."""
     from inference_worker.engines.ocr.monospace import is_proportional, monospace_grid
 
     screen.launch(["zenity", "--text-info", "--title=notes.txt", "--width=720", "--height=400",

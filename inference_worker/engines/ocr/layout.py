@@ -144,7 +144,8 @@ def _terminal(lines, view, bgr) -> str | None:
     reads as a shell session (loose prompts at the margin, a traceback, `ls` listings, a shell's errors) rather
     than as source code (which a code editor shows on a grid too)."""
     if any(PROMPT.match(clean(ln.text)) for ln in lines):
-        return None if is_proportional(lines, bgr) else "terminal"    # a document quoting a shell session
+        # a document quoting a shell session is not a terminal; lines of no known window may mix several
+        return None if view.source != "screen" and is_proportional(lines, bgr) else "terminal"
     if kind_of_app(view.app) not in (None, "terminal"):
         return None
     grid = monospace_grid(lines, bgr)
