@@ -39,6 +39,12 @@ BUDGET_CSV = ("Item,Q1,Q2,Q3\nRent,1200,1200,1250\nSalaries,8400,8650,8900\nTrav
               "Software,99,99,149\nTotal,10009,10224,10719\n")
 REPORT_TXT = ("本周工作周报\n\n1. 完成了登录模块的重构\n2. 修复了三个错误报告\n3. 预算：¥12,500，已使用 ¥8,300\n\n"
               "下周计划：性能测试与文档整理\n")
+TODO_TXT = "buy milk\ncall the bank about the card\nrenew passport before June\nbook flights to Lisbon\n"
+NOTES_TXT = ("Shell notes\n\nTo see what is in a folder, open a terminal and type ls -l there; the\n"
+             "listing shows each file with its size. The prompt waits for your command:\n"
+             "$ ls -l ~/photos\n"
+             "No such file or directory means that the path is wrong,\n"
+             "and Permission denied means that you may not read the file at all.\n")
 LEDGER_PY = ("import json\n\n\nclass Ledger:\n    def __init__(self, path):\n        self.path = path\n\n"
              "    def total(self):\n        with open(self.path) as f:\n            rows = json.load(f)\n"
              "        return sum(r['amount'] for r in rows)\n")
@@ -64,7 +70,7 @@ def files():
     the script by its full path, and pytest's own temporary paths grow with each run until the xterm line wraps."""
     folder = Path(tempfile.mkdtemp(prefix="desk", dir="/tmp"))
     for name, text in (("calc.py", CALC_PY), ("budget.csv", BUDGET_CSV), ("report.txt", REPORT_TXT),
-                       ("ledger.py", LEDGER_PY)):
+                       ("ledger.py", LEDGER_PY), ("todo.txt", TODO_TXT), ("notes.txt", NOTES_TXT)):
         (folder / name).write_text(text, encoding="utf-8")
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -92,15 +98,12 @@ def describe(engine, desktop, *, with_facts: bool):
 
 
 def terminal_with_traceback(desktop, files):
-    desktop.launch(["xterm", "-geometry", "90x30", "-fa", "DejaVu Sans Mono", "-fs", "11", "-e", "bash", "--norc",
-                    "-i"], "xterm", at=CORNER, cwd=str(files))
-    prompted = files / "prompted"              # bash touches it before each prompt: the command has ended
-    desktop.type_keys(f"PS1='ana@devbox:~/proj$ '; PROMPT_COMMAND='touch {prompted}'; clear\n")
-    assert wait_until(prompted.exists, timeout_s=30)
-    prompted.unlink()
-    desktop.type_keys("python3 calc.py\n")
-    assert wait_until(prompted.exists, timeout_s=60), "python3 calc.py did not finish"
-    desktop.wait_painted()                       # xterm has painted the traceback and the new prompt
+    shell_session(desktop, files, ["-geometry", "90x30", "-fa", "DejaVu Sans Mono", "-fs", "11"], "ana@devbox:~/proj$ ",
+                  ["python3 calc.py"])
+
+
+def shell_session(desktop, files, xterm_args: list[str], prompt: str, commands: list[str]):
+    desktop.shell_session(xterm_args, prompt, commands, cwd=files, at=CORNER)
 
 
 # ------------------------------------------------------------------ terminals and dialogs
@@ -146,6 +149,91 @@ def test_dialog_flavours_from_title_icon_and_wording(engine, screen, flag, title
         answer, _ = describe(engine, screen, with_facts=with_facts)
         assert answer["key_objects"][0] == kind, (with_facts, answer)
         assert answer["summary"].startswith(f"{'An' if kind[0] in 'ae' else 'A'} {kind} “{title}”: "), answer
+
+
+# ------------------------------------------------------------------ terminals from the monospace grid
+
+XTERM_FONTS = {"mono10": ["-fa", "Monospace", "-fs", "10"], "mono14": ["-fa", "Monospace", "-fs", "14"],
+               "bitmap": []}                                    # no -fa: xterm's core "fixed" bitmap font
+XTERM_COLOURS = {"light": ["-bg", "white", "-fg", "black"], "dark": ["-bg", "black", "-fg", "white"]}
+SHELL_COMMANDS = ["ls -l", "cat todo.txt", "wc -l todo.txt calc.py"]
+
+
+def view_of(engine, desktop, title: str):
+    """The window titled `title` as the engine segments it (facts from X), with its faithful lines."""
+    from inference_worker.engines.ocr.reader import to_bgr
+    from inference_worker.engines.ocr.screen import faithful_lines
+    from inference_worker.engines.ocr.windows import segment
+
+    image = desktop.grab((REGION.left, REGION.top, REGION.width, REGION.height))
+    bgr = to_bgr(image)
+    facts = windows_in_region(REGION, desktop.display.name)
+    engine.reader.reset()
+    view = next(v for v in segment(engine.reader.read(image).lines, bgr, facts) if v.title == title)
+    return faithful_lines(view.lines, bgr), bgr, view
+
+
+@pytest.mark.parametrize("colour", XTERM_COLOURS)
+@pytest.mark.parametrize("font", XTERM_FONTS)
+def test_a_shell_session_on_a_monospace_grid_is_a_terminal_light_or_dark(engine, screen, files, font, colour):
+    """`% ` is no prompt the prompt pattern knows, and a light xterm is not dark: the grid of the text and what the
+    shell printed (an `ls -l` listing) make it a terminal, from the pixels alone too."""
+    from inference_worker.engines.ocr.monospace import monospace_grid
+
+    columns = 60 if font == "mono14" else 92                 # the window fits the region: its width is known
+    shell_session(screen, files, [*XTERM_COLOURS[colour], "-geometry", f"{columns}x30", *XTERM_FONTS[font]], "% ",
+                  SHELL_COMMANDS)
+    lines, bgr, view = view_of(engine, screen, "bash")
+    grid = monospace_grid(lines, bgr)
+    assert grid is not None, [ln.text for ln in lines]
+    expected_cell_px = (view.width - 2 * 2) / columns          # xterm's client area: columns x cell + 2 px borders
+    assert abs(grid.cell_px - expected_cell_px) <= 0.15, (grid, expected_cell_px)
+    assert grid.left_px - view.box[0] <= 2 + grid.cell_px / 2, (grid, view.box)   # the lattice starts at the margin
+    for with_facts in (True, False):
+        answer, _ = describe(engine, screen, with_facts=with_facts)
+        assert answer["key_objects"][0] == "terminal", (with_facts, answer)
+        assert answer["summary"].startswith("A terminal “bash”: "), (with_facts, answer)
+        assert re.search(r"calc\.p|budget|report|todo", answer["summary"]), answer   # what the shell printed
+
+
+def test_a_terminal_with_no_prompt_shown_is_told_by_its_grid_and_commands(engine, screen, files):
+    shell_session(screen, files, [*XTERM_COLOURS["light"], "-geometry", "84x28", "-fa", "Monospace", "-fs", "12"], "",
+                  ["cat todo.txt", "wc -l todo.txt calc.py", "ls /usr/share | head -12"])
+    answer, _ = describe(engine, screen, with_facts=False)
+    assert answer["key_objects"][0] == "terminal" and answer["summary"].startswith("A terminal “bash”: "), answer
+
+
+def test_source_code_on_a_monospace_grid_is_a_code_editor(engine, screen, files):
+    """xterm showing a file with `less` has the grid, not a shell session: what a person calls it depends on what
+    is shown; the monospace measure alone does not make a terminal."""
+    from inference_worker.engines.ocr.monospace import monospace_grid
+
+    shell_session(screen, files, [*XTERM_COLOURS["light"], "-geometry", "88x30", "-fa", "Monospace", "-fs", "12",
+                                  "-T", "ledger.py"], "", ["clear; cat ledger.py"])
+    lines, bgr, _ = view_of(engine, screen, "ledger.py")
+    assert monospace_grid(lines, bgr) is not None, [ln.text for ln in lines]
+    answer, _ = describe(engine, screen, with_facts=True)
+    assert answer["key_objects"][0] == "code editor", answer
+    assert "class Ledger:" in answer["summary"], answer
+
+
+@pytest.mark.parametrize("with_facts", [True, False], ids=["facts", "pixels"])
+def test_a_proportional_document_about_the_shell_is_not_a_terminal(engine, screen, files, with_facts):
+    """Its lines quote a prompt (`$ ls -l ~/photos`, which alone makes a terminal) and a shell's errors, in a
+    proportional font: the measure says so and it stays a document."""
+    from inference_worker.engines.ocr.monospace import is_proportional, monospace_grid
+
+    screen.launch(["zenity", "--text-info", "--title=notes.txt", "--width=720", "--height=400",
+                   f"--filename={files / 'notes.txt'}"], "zenity", at=CORNER)
+    lines, bgr, _ = view_of(engine, screen, "notes.txt")
+    assert monospace_grid(lines, bgr) is None and is_proportional(lines, bgr), [ln.text for ln in lines]
+    answer, _ = describe(engine, screen, with_facts=with_facts)
+    assert answer["key_objects"][0] == "document" and "terminal" not in answer["key_objects"], answer
+    screen.close_all()
+    screen.launch(["zenity", "--error", "--title=Copy failed", "--text=cp: cannot stat notes.txt:\n"
+                   "No such file or directory"], "zenity", at=DIALOG_AT)
+    answer, _ = describe(engine, screen, with_facts=with_facts)
+    assert answer["key_objects"][0] == "error dialog" and "terminal" not in answer["key_objects"], answer
 
 
 # ------------------------------------------------------------------ tables, editors, clocks

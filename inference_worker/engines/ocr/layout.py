@@ -2,8 +2,9 @@
 window facts — not from single words: a word inside a document does not change what the window is.
 
 Each rule reads structure: a calculator is a keypad grid of digits; a clock is one large time; a spreadsheet
-is a cell grid with its column letters or row numbers; a terminal has a shell prompt (or light text on a dark
-screen); a code editor has indented code lines; a form has labels with empty input boxes beside them; a list
+is a cell grid with its column letters or row numbers; a terminal has a shell prompt, or shows a shell session
+(a traceback, `ls` rows, loose prompts) in a monospace grid (`monospace`) or light text on a dark screen, dark or
+light theme alike, and source code alone on a grid is a code editor's; a code editor has indented code lines; a form has labels with empty input boxes beside them; a list
 or inbox has rows aligned in columns; a dialog is a short block of text with a row of short buttons right
 under it, and its flavour (error, warning, question) comes from its title, its icon's colour and its wording
 together. The program's class (WM_CLASS, from the facts) only decides when the pixels cannot (an analog clock).
@@ -19,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from inference_worker.engines.ocr.concepts import ERROR_TERMS, WARNING_TERMS, clean, term_in
+from inference_worker.engines.ocr.monospace import Grid, is_proportional, monospace_grid
 from inference_worker.engines.ocr.reader import OcrLine
 from inference_worker.engines.ocr.windows import WindowView
 
@@ -61,6 +63,17 @@ PROMPT = re.compile(                       # a shell prompt at a line's start (n
 CODE_LINE = re.compile(r"^\s*(def|class|import|from|return|if|elif|else|for|while|with|try|except|function|const|"
                        r"let|var|public|private|static|#include|fn|func|package)\b|[;{}]\s*$|^\s*[\w.]+\s*=\s*\S|"
                        r"\)\s*:\s*$")
+#: what a shell prints (on a monospace grid or dark screen it makes a terminal): a traceback, `ls -l` rows, the
+#: total `ls -l`/`du` print, a shell's own errors
+SHELL_OUTPUT = re.compile(r"^Traceback \(most recent call last\)|^\s*File \"[^\"]+\", line \d+"
+                          r"|^[-dlcbps][-rwxsStT]{9}[.+@]?(\s|\d|$)|^total \d+$"
+                          r"|command not found|No such file or directory|Permission denied|^bash: |^zsh: ")
+#: a command typed at a prompt the terminal no longer shows (PS1 empty, or scrolled): a common program with an
+#: option or a path among its arguments (not "make sure the file exists."), or a pipe into one
+COMMAND_LINE = re.compile(r"^(?:sudo\s+)?(?:ls|cd|cat|grep|wc|git|python3?|pip3?|make|echo|ssh|docker|npm|head|tail|"
+                          r"find|less|cp|mv|rm|mkdir|chmod|curl|wget|apt|apt-get|ps|df|du|tar|kill|man)(?:\s+\S+){1,8}$")
+COMMAND_ARG = re.compile(r"\s(?:-{1,2}[A-Za-z][\w-]*|\S*[/~*]\S*|\w[\w-]*\.\w{1,5})(?=\s|$)")
+PIPE = re.compile(r"\S\s\|\s*(?:head|tail|grep|wc|sort|less|uniq)\b")
 TIME_TEXT = re.compile(r"(?<!\d)([01]?\d|2[0-3]):[0-5]\d(:[0-5]\d)?(?!\d)")
 DIGIT_KEY = re.compile(r"^[0-9]$")
 OPERATOR_KEY = re.compile(r"^([+\-×÷*/=%.]|\+/-|AC|C|CE|CE/C)$")
@@ -127,11 +140,46 @@ def _table(lines, view, bgr) -> str | None:
 
 
 def _terminal(lines, view, bgr) -> str | None:
+    """A shell prompt; or, in a terminal's class (or none known), text on a monospace grid or light on dark that
+    reads as a shell session (loose prompts at the margin, a traceback, `ls` listings, a shell's errors) rather
+    than as source code (which a code editor shows on a grid too)."""
     if any(PROMPT.match(clean(ln.text)) for ln in lines):
+        # a document quoting a shell session is not a terminal; lines of no known window may mix several
+        return None if view.source != "screen" and is_proportional(lines, bgr) else "terminal"
+    if kind_of_app(view.app) not in (None, "terminal"):
+        return None
+    grid = monospace_grid(lines, bgr)
+    dark = len(lines) >= 3 and _is_dark_behind_text(bgr, lines)
+    if grid is None and not dark:
+        return None
+    texts = [clean(ln.text) for ln in lines]
+    if any(SHELL_OUTPUT.search(t) for t in texts) or _prompts_at_margin(lines, grid, "$%❯") \
+            or (grid is not None and any(_is_command(t) and not CODE_LINE.search(t) for t in texts)):
         return "terminal"
-    if len(lines) >= 3 and _is_dark_behind_text(bgr, lines) and kind_of_app(view.app) in (None, "terminal"):
+    if _code_editor(lines, view, bgr) is not None:
+        return None                         # source code on a grid: an editor, unless a shell is seen above
+    if _prompts_at_margin(lines, grid, "#>") >= 2 or dark:
         return "terminal"
     return None
+
+
+def _prompts_at_margin(lines: Sequence[OcrLine], grid: Grid | None, marks: str) -> int:
+    """Lines that start at the grid's left margin with a prompt mark and then a command with an option or a path
+    (or nothing: the prompt waiting at the bottom); not a `% comment` or `$var = 1;` line."""
+    if grid is None:
+        return 0
+    count = 0
+    for line in lines:
+        text = clean(line.text)
+        if abs(line.box[0] - grid.left_px) > 1.5 * grid.cell_px or not text or text[0] not in marks:
+            continue
+        rest = text[1:].strip()
+        count += not CODE_LINE.search(text) and (not rest or bool(COMMAND_ARG.search(" " + rest)))
+    return count
+
+
+def _is_command(text: str) -> bool:
+    return bool(PIPE.search(text)) or bool(COMMAND_LINE.match(text) and COMMAND_ARG.search(text))
 
 
 def _code_editor(lines, view, bgr) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,9 @@ class OcrConfig:
     rec_height_px: int = 36
     #: lines recognised with a lower mean confidence are dropped
     min_score: float = 0.5
-    #: onnxruntime intra-op threads per model; 0 = onnxruntime's default (all physical cores)
+    #: CPU threads for one read; 0 = one per CPU. Detection (one large image) runs with this many onnxruntime
+    #: intra-op threads; recognition (many small crops, which split badly across threads: 2 threads cost 36% more
+    #: CPU for 7% less wall time) runs this many crops at once, one thread each (benchmarks/ocr_latency.py)
     num_threads: int = 2
     #: a pixel whose channel value moved by more than this (0-255) counts as changed
     diff_threshold: int = 24
@@ -54,7 +57,7 @@ class OcrConfig:
         if not 0.0 <= self.min_score < 1.0:
             raise ValueError(f"min_score must be in [0, 1); got {self.min_score}.")
         if self.num_threads < 0:
-            raise ValueError(f"num_threads must be >= 0 (0 = onnxruntime default); got {self.num_threads}.")
+            raise ValueError(f"num_threads must be >= 0 (0 = one per CPU); got {self.num_threads}.")
         if not 0 <= self.diff_threshold <= 255 or self.margin_px < 0:
             raise ValueError("diff_threshold must be 0..255 and margin_px >= 0.")
         if not 0.0 < self.max_reread_fraction <= 1.0:
@@ -101,7 +104,8 @@ class OcrReader:
 
     def __init__(self, config: OcrConfig | None = None):
         self.config = config or OcrConfig()
-        self._ocr: Any = None                      # rapidocr_onnxruntime.RapidOCR, loaded on first use
+        self._ocr: _Models | None = None           # RapidOCR's detector and recogniser, loaded on first use
+        self._rec_pool: ThreadPoolExecutor | None = None    # recognises crops side by side during one read
         self._last_frame: np.ndarray | None = None
         self._last_lines: tuple[OcrLine, ...] = ()
         self._rec_cache: dict[bytes, tuple[str, float]] = {}    # crop pixels' digest -> (text, score)
@@ -115,6 +119,7 @@ class OcrReader:
         """Load the detection and recognition models (from the wheel; no network). Idempotent."""
         if self._ocr is None:
             self._ocr = _load_rapidocr(self.config)
+            self._rec_pool = ThreadPoolExecutor(resolved_threads(self.config), thread_name_prefix="ocr-rec")
 
     def reset(self) -> None:
         """Forget the previous frame: the next read is a full read."""
@@ -128,7 +133,9 @@ class OcrReader:
     def close(self) -> None:
         """Forget the previous frame and the cache, and free the models (a later read loads them again)."""
         self.clear_cache()
-        self._ocr = None
+        if self._rec_pool is not None:
+            self._rec_pool.shutdown(wait=True, cancel_futures=True)
+        self._ocr, self._rec_pool = None, None
 
     def read(self, frame: "Image | np.ndarray") -> ReadResult:
         """Lines of `frame` (PIL image, or HxWx3 BGR uint8 array), re-reading only what changed."""
@@ -199,24 +206,38 @@ class OcrReader:
         return result
 
     def _recognize(self, bgr: np.ndarray, quads: list[np.ndarray]) -> list[OcrLine]:
-        """Recognise the quads' crops; a crop seen before (the same pixels) comes from the cache."""
+        """Recognise the quads' crops; a crop seen before (the same pixels) comes from the cache. The others run
+        side by side on the reader's threads, widest first (so that no long line is left for last); each call
+        returns before `read` does, so the model is only ever in use during a read."""
         if not quads:
             return []
-        crops = self._ocr.get_crop_img_list(bgr, quads)
-        rec = self._ocr.text_rec
+        rects = [_quad_rect(quad) for quad in quads]
+        keys = [_text_key(bgr, rect) for rect in rects]
+        known = {key: self._rec_cache[key] for key in keys if key in self._rec_cache}
+        todo: dict[bytes, int] = {}                   # key -> the first crop with it: a repeated crop is read once
+        for i, key in enumerate(keys):
+            if key not in known:
+                todo.setdefault(key, i)
+        self.num_rec_cache_hits += len(keys) - len(todo)
+        widest_first = sorted(todo.items(), key=lambda item: rects[item[1]][0] - rects[item[1]][2])
+        for (key, _), result in zip(widest_first, self._rec_pool.map(lambda item: self._recognize_one(
+                bgr, quads[item[1]]), widest_first)):
+            known[key] = result
+            self._remember(key, result)
         lines = []
-        for quad, crop in zip(quads, crops):
-            key = _text_key(bgr, _quad_rect(quad))
-            if key in self._rec_cache:
-                self.num_rec_cache_hits += 1
-            else:
-                preds = rec.session(_rec_input(crop, self.config.rec_height_px))[0]
-                text, score = rec.postprocess_op(preds)[0][:2]
-                self._remember(key, (text.strip(), round(float(score), 4)))
-            text, score = self._rec_cache[key]
+        for key, rect in zip(keys, rects):
+            text, score = known[key]
             if text and score >= self.config.min_score:
-                lines.append(OcrLine(text, _quad_rect(quad), score))
+                lines.append(OcrLine(text, rect, score))
         return lines
+
+    def _recognize_one(self, bgr: np.ndarray, quad: np.ndarray) -> tuple[str, float]:
+        """(text, mean confidence) of one quad's crop; runs on a recognition thread (onnxruntime and OpenCV let
+        go of the GIL while they compute)."""
+        crop = self._ocr.crop(bgr, quad)
+        preds = self._ocr.text_rec.session(_rec_input(crop, self.config.rec_height_px))[0]
+        text, score = self._ocr.text_rec.postprocess_op(preds)[0][:2]
+        return text.strip(), round(float(score), 4)
 
     def _remember(self, key: bytes, result: tuple[str, float]) -> None:
         self._rec_cache[key] = result
@@ -301,31 +322,61 @@ def reading_order(lines: list[OcrLine]) -> list[OcrLine]:
     return [line for row in rows for line in sorted(row, key=lambda ln: ln.box[0])]
 
 
-def _load_rapidocr(config: OcrConfig) -> Any:
+@dataclass(frozen=True)
+class _Models:
+    """The detector and the recogniser (no angle classifier: screen text is upright), and RapidOCR's crop."""
+    text_det: Any
+    text_rec: Any
+    crop_one: Any
+
+    def crop(self, bgr: np.ndarray, quad: np.ndarray) -> np.ndarray:
+        return self.crop_one(bgr, quad)
+
+
+def _load_rapidocr(config: OcrConfig) -> _Models:
     # onnxruntime >= 1.29 ships telemetry on Linux too: it writes a device id under ~/.cache/Microsoft and
     # queues usage events for upload. DeskEye promises that nothing leaves the machine, so opt out before
     # onnxruntime initialises (the variable is read once per process).
     os.environ["ORT_DISABLE_TELEMETRY"] = "1"
     from rapidocr_onnxruntime import RapidOCR  # onnxruntime + opencv: imported on first use only
+    from rapidocr_onnxruntime.ch_ppocr_det import TextDetector
+    from rapidocr_onnxruntime.ch_ppocr_rec import TextRecognizer
+    from rapidocr_onnxruntime.main import DEFAULT_CFG_PATH
+    from rapidocr_onnxruntime.utils import read_yaml, update_model_path
     from rapidocr_onnxruntime.utils.infer_engine import OrtInferSession
 
-    threads = min(config.num_threads, os.cpu_count() or 1) if config.num_threads else -1
+    threads = resolved_threads(config)
     make_options = OrtInferSession._init_sess_opts
 
-    def options_without_spinning(session_config: dict) -> Any:
+    def our_options(session_config: dict) -> Any:
         # Idle onnxruntime threads spin by default: on two shared cores that burns the CPU the app and
         # the capture loop need, for no gain in latency (benchmarks/ocr_latency.py, cpu_s column).
         options = make_options(session_config)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # RapidOCR turns the memory arena off: every read then allocates the detector's feature maps afresh,
+        # ~25% of its time on an 800x600 frame; with the arena they are reused (it keeps the largest frame's)
+        options.enable_cpu_mem_arena = True
         return options
 
-    OrtInferSession._init_sess_opts = staticmethod(options_without_spinning)   # during this load only
+    models = update_model_path(read_yaml(DEFAULT_CFG_PATH))     # the wheel's own model files and settings
+    OrtInferSession._init_sess_opts = staticmethod(our_options)   # during this load only
     try:
-        return RapidOCR(use_cls=False, text_score=config.min_score, intra_op_num_threads=threads,
-                        inter_op_num_threads=1 if threads > 0 else -1,
-                        det_limit_type="max")   # "max" never scales up; _fit scales down
+        # detection: one large image, `threads` intra-op threads; "max" never scales up (_fit scales down).
+        # recognition: one intra-op thread per call, `threads` calls at once (onnxruntime runs a session from
+        # several threads concurrently). The angle classifier is not loaded (RapidOCR() would: ~0.05 s).
+        text_det = TextDetector({**models["Det"], "limit_type": "max", "intra_op_num_threads": threads,
+                                 "inter_op_num_threads": 1})
+        text_rec = TextRecognizer({**models["Rec"], "intra_op_num_threads": 1, "inter_op_num_threads": 1})
     finally:
         OrtInferSession._init_sess_opts = staticmethod(make_options)
+    # RapidOCR's perspective crop of one quad (it reads nothing of its instance)
+    return _Models(text_det, text_rec, lambda bgr, quad: RapidOCR.get_crop_img_list(None, bgr, [quad])[0])
+
+
+def resolved_threads(config: OcrConfig) -> int:
+    """The threads one read uses: `num_threads`, at most one per CPU (0 = one per CPU)."""
+    cpus = os.cpu_count() or 1
+    return min(config.num_threads, cpus) if config.num_threads else cpus
 
 
 def _text_key(bgr: np.ndarray, rect: Rect) -> bytes:
