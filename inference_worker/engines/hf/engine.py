@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
-from inference_worker.engines.hf.batch_decode import (BatchDecoder, FrameKey, PromptInputs, Row, RowResult,
-                                                   can_merge_caches, has_plain_positions)
+from inference_worker.engines.hf.batch_decode import BatchDecoder, can_merge_caches, has_plain_positions
 from inference_worker.engines.hf.loading import LoadedModel
+from inference_worker.engines.hf.rows import FrameKey, PromptInputs, Row, RowResult
 from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import text_stream

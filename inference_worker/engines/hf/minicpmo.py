@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import torch
 
 from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
-from inference_worker.engines.hf.batch_decode import BatchDecoder, PromptInputs, Row, RowResult, can_merge_caches
+from inference_worker.engines.hf.batch_decode import BatchDecoder, can_merge_caches
+from inference_worker.engines.hf.rows import PromptInputs, Row, RowResult
 from inference_worker.engines.hf.torch_utils import apply_num_threads, release_cuda_cache
 from inference_worker.engines.hf.frame_cache import FrameCache, content_key, tensor_nbytes
 from inference_worker.engines.hf.sampling import finish_reason, trim_at_eos

@@ -25,7 +25,7 @@ from inference_worker.engines.hf import cache_ops
 from inference_worker.engines.hf.packed_images import pack_image_inputs, packed_image_layout
 
 if TYPE_CHECKING:
-    from inference_worker.engines.hf.batch_decode import PromptInputs, Row
+    from inference_worker.engines.hf.rows import PromptInputs, Row
 
 log = logging.getLogger("deskeye.worker")
 
