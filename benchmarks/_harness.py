@@ -100,6 +100,21 @@ def screen_png(seed: str) -> bytes:
     return to_png(render_screen(seed))
 
 
+
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its living descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
 # ---------------------------------------------------------------- servers
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
-
+from benchmarks._harness import process_tree_cpu_s
 from benchmarks._results import write_result
 from deskeye.geometry import Rect
 from deskeye.placement import default_region, overlay_column
@@ -28,18 +27,6 @@ from tests.fixtures.tk_windows import open_test_window
 DEFAULT_JSON_OUT = Path("benchmarks/results/app_idle.json")
 LINES = ["Traceback (most recent call last):", '  File "report.py", line 12, in <module>',
          "ZeroDivisionError: division by zero"]
-
-
-def cpu_seconds(pid: int) -> float:
-    process = psutil.Process(pid)
-    total = 0.0
-    for p in [process, *process.children(recursive=True)]:
-        try:
-            times = p.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def settle(app, quiet_s: float = 3.0) -> int:
@@ -72,11 +59,11 @@ def main() -> None:
             running.append((name, desktop, window, clock, app))
         for _, _, _, _, app in running:
             assert app.read_until("deskeye: watching", 90), "".join(app.output)
-        start = {name: (settle(app), cpu_seconds(app.proc.pid)) for name, _, _, _, app in running}
+        start = {name: (settle(app), process_tree_cpu_s(app.proc.pid)) for name, _, _, _, app in running}
         time.sleep(window_s)
         rows = []
         for name, _, _, _, app in running:
-            count, cpu = app.chat_requests(), cpu_seconds(app.proc.pid)
+            count, cpu = app.chat_requests(), process_tree_cpu_s(app.proc.pid)
             rows.append({"case": name, "window_s": window_s,
                          "cpu_percent_of_one_core": round(100 * (cpu - start[name][1]) / window_s, 2),
                          "describes_per_minute": round((count - start[name][0]) * 60 / window_s, 2)})

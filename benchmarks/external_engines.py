@@ -23,7 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks._harness import Endpoint, median, percentile, rounded, run_closed_loop, screen_png
+from benchmarks._harness import (Endpoint, median, percentile, process_tree_cpu_s, rounded, run_closed_loop,
+                                 screen_png)
 from benchmarks._results import write_result
 
 DEFAULT_JSON_OUT = Path("benchmarks/results/external_engines.json")
@@ -58,18 +59,6 @@ def request_bodies(model: str, num_requests: int) -> list[bytes]:
                         "temperature": 0}).encode() for i in range(num_requests)]
 
 
-def tree_cpu_s(pid: int) -> float:
-    root = psutil.Process(pid)
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            continue
-    return total
-
-
 def tree_rss_mib(pid: int) -> float:
     root = psutil.Process(pid)
     total = 0
@@ -94,9 +83,9 @@ def is_schema_valid(content: str) -> bool:
 
 
 def measure(endpoint: Endpoint, pid: int, bodies: list[bytes], num_clients: int) -> Row:
-    cpu_before = tree_cpu_s(pid)
+    cpu_before = process_tree_cpu_s(pid)
     replies, wall_s = run_closed_loop(endpoint, bodies, num_clients)
-    cpu_s = tree_cpu_s(pid) - cpu_before
+    cpu_s = process_tree_cpu_s(pid) - cpu_before
     ok = [r for r in replies if r.is_ok]
     tokens = sum(r.completion_tokens for r in ok)
     latencies = [r.wall_ms for r in ok]

@@ -13,7 +13,8 @@ Without --model it builds a tiny random test fixture into a temporary folder: Id
        worker is also measured on the same requests without it (the "free" rows): the like-for-like comparison;
  (iv)  a repeated frame: a new frame (cold), the same frame with another question (exact hit), the frame with a
        3x16-pixel cursor drawn (similar hit) — server-side time to first token and client total;
- (v)   per-token decode cost with and without DeskEye's JSON schema, at the same token count (fastest of 3 repeats each).
+ (v)   per-token decode cost with and without DeskEye's JSON schema, at the same token count (the fastest of 3
+       repeats of each request).
 Every throughput request carries its own 800x600 screenshot, so frame KV reuse cannot flatter the batching rows.
 All servers run with the same torch threads (--threads, default 1) and free-text requests generate a fixed
 number of tokens (--max-tokens; random models rarely emit EOS). The batching rows also report the mean number of

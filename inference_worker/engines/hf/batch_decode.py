@@ -330,8 +330,7 @@ class BatchDecoder(PrefillTogether):
         num_prefix = int(inputs.prefix_ids.shape[1])
         if cache_ops.is_plain_attention(self._new_cache()) and inputs.prefix_embeds is None:
             cache, logits = self._cold(inputs)
-            prefix = [(layer.keys[:, :, :num_prefix], layer.values[:, :, :num_prefix]) for layer in cache.layers]
-            return cache, logits, DynamicCache(ddp_cache_data=prefix)      # a copy: the cache concatenates
+            return cache, logits, cache_ops.prefix_of(cache, num_prefix)
         if inputs.prefix_embeds is not None:
             prefix_cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0)
         else:

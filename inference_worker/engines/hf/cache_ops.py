@@ -203,3 +203,10 @@ def _mask_of(caches: Sequence[DynamicCache]) -> torch.Tensor:
 def is_plain_attention(cache: DynamicCache) -> bool:
     """Whether every layer of the cache is a plain attention layer (keys and values only: no recurrent state)."""
     return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def prefix_of(cache: DynamicCache, num_tokens: int) -> DynamicCache:
+    """The first `num_tokens` positions of a plain attention cache, as a cache of its own. Views, not copies: a
+    DynamicCache concatenates as it grows, so neither cache ever writes into the other's tensors."""
+    return DynamicCache(ddp_cache_data=[(layer.keys[:, :, :num_tokens], layer.values[:, :, :num_tokens])
+                                        for layer in cache.layers])

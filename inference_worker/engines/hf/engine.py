@@ -181,16 +181,14 @@ def can_prefill_together(model: Any) -> bool:
     and splits: its linear layers zero padded inputs, so left padding leaves their conv and recurrent states as a
     solo prefill does (tests/test_batched_prefill.py)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
-    from inference_worker.engines.hf.cache_ops import can_merge_layers
+    from inference_worker.engines.hf.cache_ops import can_merge_layers, is_plain_attention
     from inference_worker.engines.hf.packed_images import PACKED_IMAGE_FAMILIES
 
     cache = DynamicCache(config=model.config)
     if model.config.model_type in PACKED_IMAGE_FAMILIES:
         return can_merge_layers(cache)
-    return model.config.model_type in STACKABLE_IMAGE_FAMILIES and all(type(layer) is DynamicLayer
-                                                                       for layer in cache.layers)
+    return model.config.model_type in STACKABLE_IMAGE_FAMILIES and is_plain_attention(cache)
 
 
 def image_token_id(config: Any, tokenizer: Any, processor: Any) -> int | None:

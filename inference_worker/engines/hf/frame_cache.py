@@ -9,8 +9,8 @@
 Values are opaque here except for their size (`tensor_nbytes`); torch is imported only when a size or key is
 computed. An evicted value is dropped, so nothing here keeps its tensors alive.
 
-What an entry costs is counted as what it really holds: the value's tensor storage (given by the caller), its
-frame signature's thumbnails and cell sums (~166 KB per image: more than a tiny model's whole KV) and the per-entry Python
+What an entry costs is counted as what it really holds: the value's tensor storage (given by the caller), its frame
+signature's thumbnails and cell sums (~166 KB per image: more than a tiny model's whole KV) and the per-entry Python
 objects and allocator rounding (`ENTRY_OVERHEAD_BYTES`, measured). Freed KV leaves holes in the C heap that RSS
 keeps; after evicting a share of the budget the cache hands them back to the OS (glibc `malloc_trim`), so the
 process's RSS stays within the budget rather than within the budget plus fragmentation.
@@ -26,7 +26,7 @@ import math
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -65,11 +65,10 @@ class FrameSignature:
     thumbnail (GRID, int16, rows x columns x 3: what the search compares first) and its original (width, height)."""
     thumbnails: tuple[np.ndarray, ...]
     sizes: tuple[tuple[int, int], ...]
-    cell_sums: tuple[np.ndarray, ...] = ()
+    cell_sums: tuple[np.ndarray, ...] = field(init=False)          # derived from the thumbnails, once
 
     def __post_init__(self):
-        if not self.cell_sums:
-            object.__setattr__(self, "cell_sums", tuple(_cell_sums(t) for t in self.thumbnails))
+        object.__setattr__(self, "cell_sums", tuple(_cell_sums(t) for t in self.thumbnails))
 
     @property
     def nbytes(self) -> int:

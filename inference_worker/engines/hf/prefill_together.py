@@ -69,7 +69,7 @@ class PrefillTogether:
             caches, logits = self._suffixes_together(inputs, prefixes)
         else:
             caches, logits = self._forward_rows([i.all_ids() for i in inputs], self._combine_vision(inputs))
-            prefixes = [_prefix_of(cache, int(i.prefix_ids.shape[1])) if kept else None
+            prefixes = [cache_ops.prefix_of(cache, int(i.prefix_ids.shape[1])) if kept else None
                         for cache, i, kept in zip(caches, inputs, is_kept)]
         results = {}
         for (index, row, found), cache, row_logits, prefix in zip(group, caches, logits, prefixes):
@@ -156,9 +156,3 @@ def _vision_layout(inputs: PromptInputs) -> tuple | None:
             return None
         layout.append((key, tuple(value.shape), value.dtype))
     return tuple(layout)
-
-
-def _prefix_of(cache: DynamicCache, num_prefix: int) -> DynamicCache:
-    """The first `num_prefix` tokens of a plain attention cache (a copy: the cache concatenates as it grows)."""
-    return DynamicCache(ddp_cache_data=[(layer.keys[:, :, :num_prefix], layer.values[:, :, :num_prefix])
-                                        for layer in cache.layers])

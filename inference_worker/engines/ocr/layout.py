@@ -1,13 +1,14 @@
 """What kind of window a window is, from how its text is laid out (OCR box geometry), its colours and its
 window facts — not from single words: a word inside a document does not change what the window is.
 
-Each rule reads structure: a calculator is a keypad grid of digits; a clock is one large time; a spreadsheet
-is a cell grid with its column letters or row numbers; a terminal has a shell prompt, or shows a shell session
-(a traceback, `ls` rows, loose prompts) in a monospace grid (`monospace`) or light text on a dark screen, dark or
-light theme alike, and source code alone on a grid is a code editor's; a code editor has indented code lines; a form has labels with empty input boxes beside them; a list
-or inbox has rows aligned in columns; a dialog is a short block of text with a row of short buttons right
-under it, and its flavour (error, warning, question) comes from its title, its icon's colour and its wording
-together. The program's class (WM_CLASS, from the facts) only decides when the pixels cannot (an analog clock).
+Each rule reads structure: a calculator is a keypad grid of digits; a clock is one large time; a spreadsheet is a
+cell grid with its column letters or row numbers; a terminal has a shell prompt, or shows a shell session (a
+traceback, `ls` rows, loose prompts) in a monospace grid (`monospace`) or light text on a dark screen, dark or light
+theme alike, and source code alone on a grid is a code editor's; a code editor has indented code lines; a form has
+labels with empty input boxes beside them; a list or inbox has rows aligned in columns; a dialog is a short block of
+text with a row of short buttons right under it, and its flavour (error, warning, question) comes from its title,
+its icon's colour and its wording together. The program's class (WM_CLASS, from the facts) only decides when the
+pixels cannot (an analog clock).
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ SHELL_OUTPUT = re.compile(r"^Traceback \(most recent call last\)|^\s*File \"[^\"
                           r"|command not found|No such file or directory|Permission denied|^bash: |^zsh: ")
 #: a command typed at a prompt the terminal no longer shows (PS1 empty, or scrolled): a common program with an
 #: option or a path among its arguments (not "make sure the file exists."), or a pipe into one
-COMMAND_LINE = re.compile(r"^(?:sudo\s+)?(?:ls|cd|cat|grep|wc|git|python3?|pip3?|make|echo|ssh|docker|npm|head|tail|"
-                          r"find|less|cp|mv|rm|mkdir|chmod|curl|wget|apt|apt-get|ps|df|du|tar|kill|man)(?:\s+\S+){1,8}$")
+COMMAND_LINE = re.compile(r"^(?:sudo\s+)?(?:ls|cd|cat|grep|wc|git|python3?|pip3?|make|echo|ssh|docker|npm|head|"
+                          r"tail|find|less|cp|mv|rm|mkdir|chmod|curl|wget|apt|apt-get|ps|df|du|tar|kill|man)"
+                          r"(?:\s+\S+){1,8}$")
 COMMAND_ARG = re.compile(r"\s(?:-{1,2}[A-Za-z][\w-]*|\S*[/~*]\S*|\w[\w-]*\.\w{1,5})(?=\s|$)")
 PIPE = re.compile(r"\S\s\|\s*(?:head|tail|grep|wc|sort|less|uniq)\b")
 TIME_TEXT = re.compile(r"(?<!\d)([01]?\d|2[0-3]):[0-5]\d(:[0-5]\d)?(?!\d)")

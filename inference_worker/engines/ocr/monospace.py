@@ -98,7 +98,8 @@ def _column_ink(lines: Sequence[OcrLine], bgr: np.ndarray, left: int, right: int
     inked = np.zeros_like(covered)
     height, width = bgr.shape[:2]
     for line in lines:
-        x0, top, x1, bottom = max(line.box[0], 0), max(line.box[1], 0), min(line.box[2], width), min(line.box[3], height)
+        x0, top = max(line.box[0], 0), max(line.box[1], 0)
+        x1, bottom = min(line.box[2], width), min(line.box[3], height)
         crop = bgr[top:bottom, x0:x1].astype(np.int16)
         if crop.shape[0] < 3 or crop.shape[1] < 3:
             continue

@@ -327,10 +327,7 @@ class _Models:
     """The detector and the recogniser (no angle classifier: screen text is upright), and RapidOCR's crop."""
     text_det: Any
     text_rec: Any
-    crop_one: Any
-
-    def crop(self, bgr: np.ndarray, quad: np.ndarray) -> np.ndarray:
-        return self.crop_one(bgr, quad)
+    crop: Any                        # (bgr, quad) -> the quad's crop, upright
 
 
 def _load_rapidocr(config: OcrConfig) -> _Models:
