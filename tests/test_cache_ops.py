@@ -82,3 +82,46 @@ def test_split_rows_gives_back_each_row_unpadded_and_unshared(row_caches):
     for row, alone in zip(rows, row_caches):                                # ... its rows do not
         assert torch.equal(layers_of(row)[1].recurrent_states[0], layers_of(alone)[1].recurrent_states[0])
         assert torch.equal(layers_of(row)[0].keys, layers_of(alone)[0].keys)
+
+
+@pytest.fixture(scope="module")
+def text_model(tiny_minicpmv46_dir):
+    return AutoModelForImageTextToText.from_pretrained(tiny_minicpmv46_dir, dtype=torch.float32).eval()
+
+
+def _snapshot(cache):
+    """Every tensor of the cache, copied (what the cache holds now)."""
+    attention, linear = layers_of(cache)
+    return [attention.keys.clone(), attention.values.clone(), linear.conv_states[0].clone(),
+            linear.recurrent_states[0].clone()]
+
+
+def _extend(model, cache, start: int, length: int = 4) -> torch.Tensor:
+    ids = torch.arange(40, 40 + length).unsqueeze(0)
+    positions = torch.arange(start, start + length).unsqueeze(0)
+    with torch.inference_mode():
+        return model(input_ids=ids, cache=cache, use_cache=True, position_ids=positions,
+                     attention_mask=torch.ones((1, start + length), dtype=torch.long)).logits
+
+
+def test_a_fork_extends_like_a_deep_copy_and_leaves_the_kept_prefix_as_it_was(text_model):
+    """A kept frame prefix is reused through `fork` (not copy.deepcopy): attention tensors are shared, linear
+    states copied. Extending the fork must give a deep copy's logits and leave every tensor of the prefix as it was;
+    sharing the linear states as well (the control) would change the prefix, which is why they are copied."""
+    import copy
+
+    prefix = DynamicCache(config=text_model.config)
+    _extend(text_model, prefix, 0, length=7)
+    before = _snapshot(prefix)
+    forked = cache_ops.fork(prefix)
+    assert layers_of(forked)[0].keys.data_ptr() == layers_of(prefix)[0].keys.data_ptr()       # shared, not copied
+    assert layers_of(forked)[1].recurrent_states[0].data_ptr() != layers_of(prefix)[1].recurrent_states[0].data_ptr()
+    assert torch.equal(_extend(text_model, forked, 7), _extend(text_model, copy.deepcopy(prefix), 7))
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(prefix), before))
+    assert forked.get_seq_length() == 11 and prefix.get_seq_length() == 7
+
+    shared = cache_ops.fork(prefix)                                       # the control: linear states shared too
+    layers_of(shared)[1].conv_states[0] = layers_of(prefix)[1].conv_states[0]
+    layers_of(shared)[1].recurrent_states[0] = layers_of(prefix)[1].recurrent_states[0]
+    _extend(text_model, shared, 7)
+    assert not all(torch.equal(a, b) for a, b in zip(_snapshot(prefix), before))

@@ -243,3 +243,36 @@ def test_cold_rows_joining_together_are_prefilled_in_one_forward(engine):
     for index in range(3):
         assert_same_logits(results[index], alone[index], f"row {index}")
     assert prefills == [1, 2]
+
+
+def test_padded_decode_steps_hand_a_plain_attention_model_its_4d_mask_with_the_2d_masks_logits(engine):
+    """Under sdpa with plain attention (Idefics3, LLaVA) a step over left-padded rows passes the 4-D boolean mask
+    (transformers uses it as it is instead of rebuilding it each step); the logits are those the 2-D mask gives.
+    A hybrid model (4.6: its linear layer reads the 2-D mask) always gets the 2-D mask."""
+    is_hybrid = engine.model.config.model_type == "minicpmv4_6"
+    assert engine.decoder.prebuilds_step_mask == (not is_hybrid)
+    requests = requests_for_join()
+    seen: dict[bool, list[int]] = {}
+
+    def run(prebuilds: bool):
+        ranks = seen.setdefault(prebuilds, [])
+        hook = engine.model.register_forward_pre_hook(
+            lambda module, args, kwargs: ranks.append(kwargs["attention_mask"].ndim), with_kwargs=True)
+        engine.decoder.prebuilds_step_mask = prebuilds and not is_hybrid
+        try:
+            items = [engine.prepare(r, images) for r, images in requests]
+            for item in items:
+                item.inputs.frame = None
+            return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
+        finally:
+            hook.remove()
+            engine.decoder.prebuilds_step_mask = not is_hybrid
+
+    with_4d, with_2d = run(True), run(False)
+    assert (4 in seen[True]) == (not is_hybrid) and 4 not in seen[False]
+    for index in with_2d:
+        assert with_4d[index].token_ids == with_2d[index].token_ids
+        for x, y in zip(with_4d[index].logits, with_2d[index].logits):
+            finite = torch.isfinite(y)
+            assert torch.equal(torch.isfinite(x), finite)
+            assert torch.allclose(x[finite], y[finite], atol=1e-6, rtol=0)

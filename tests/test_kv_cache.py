@@ -394,3 +394,17 @@ def test_the_cell_sum_bounds_never_exceed_the_full_distance_so_the_search_finds_
         within = [(d, -i) for i, d in enumerate(distances) if d <= threshold]   # most recent first among ties
         expected = None if not within else (b"frame %d" % -min(within)[1], min(within)[0])
         assert cache.nearest(GROUP, query) == expected, threshold
+
+
+def test_cell_sums_are_each_cells_sub_cell_values_summed_per_channel():
+    import numpy as np
+
+    from inference_worker.engines.hf.frame_cache import GRID, SUBCELLS, _cell_sums
+
+    rng = np.random.default_rng(3)
+    thumbnail = rng.integers(0, 256, (GRID[1] * SUBCELLS, GRID[0] * SUBCELLS, 3), dtype=np.uint8)
+    thumbnail[:SUBCELLS, :SUBCELLS] = 255                                # the largest sum a cell can have
+    expected = thumbnail.astype(np.int64).reshape(GRID[1], SUBCELLS, GRID[0], SUBCELLS, 3).sum(axis=(1, 3))
+    sums = _cell_sums(thumbnail)
+    assert sums.dtype == np.int16 and sums.shape == (GRID[1], GRID[0], 3)
+    assert np.array_equal(sums, expected) and sums[0, 0].tolist() == [16 * 255] * 3

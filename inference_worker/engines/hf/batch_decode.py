@@ -21,7 +21,6 @@ builds its own multimodal embeddings (MiniCPM-o) then gives the decoder its inne
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -77,6 +76,7 @@ class _Batch:
     positions: torch.Tensor | None = None
     grammar: Any = None              # GrammarBatch once a constrained row joined
     joining: list[_Live] = field(default_factory=list)   # prefilled, not merged yet
+    is_padded: bool = False          # some row is left-padded (set whenever rows join or leave)
 
 
 class BatchDecoder(PrefillTogether):
@@ -97,6 +97,7 @@ class BatchDecoder(PrefillTogether):
         self.packs_images = packs_images(model)
         self.keep_logits = keep_logits
         self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
+        self.prebuilds_step_mask = can_prebuild_step_mask(model)
         self.live_rows = 0                # rows decoding right now (EngineStats.live_rows)
         self.num_steps = 0                # batched decode steps so far
         self.num_row_steps = 0            # sum over those steps of the rows decoded: / num_steps = mean live rows
@@ -171,6 +172,7 @@ class BatchDecoder(PrefillTogether):
         positions = torch.tensor([[s.num_prompt_tokens + len(s.tokens) - 1] for s in joined], device=batch.mask.device)
         batch.positions = positions if batch.positions is None else torch.cat([batch.positions, positions])
         batch.live.extend(joined)
+        batch.is_padded = not bool(batch.mask.all())
         self.live_rows = len(batch.live)
 
     def _step(self, batch: _Batch) -> None:
@@ -179,8 +181,8 @@ class BatchDecoder(PrefillTogether):
         last = torch.tensor([[s.tokens[-1]] for s in live], device=batch.mask.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(live), 1))], dim=1)
         with torch.inference_mode():
-            out = self.model(input_ids=last, attention_mask=batch.mask, cache=batch.cache, use_cache=True,
-                             logits_to_keep=1, **self._positions(batch.positions))
+            out = self.model(input_ids=last, attention_mask=self._step_mask(batch), cache=batch.cache,
+                             use_cache=True, logits_to_keep=1, **self._positions(batch.positions))
         self._append_tokens(live, out.logits[:, -1, :], batch.grammar)
         batch.positions = batch.positions + 1
         self.num_steps += 1
@@ -210,6 +212,16 @@ class BatchDecoder(PrefillTogether):
         cache_ops.select_rows(batch.cache, indices)
         batch.mask, batch.positions = batch.mask[indices], batch.positions[indices]
         batch.mask = cache_ops.trim_left(batch.cache, batch.mask)
+        batch.is_padded = not bool(batch.mask.all())
+
+    def _step_mask(self, batch: _Batch) -> torch.Tensor:
+        """The step's attention mask. Where rows are left-padded, a plain-attention model under sdpa gets the 4-D
+        boolean mask itself: one query per row that attends to the row's unpadded columns, which is what transformers
+        would otherwise rebuild from the 2-D mask at every step (create_causal_mask: ~9% of the model thread at 8
+        rows) and now uses as it is. Without padding the 2-D mask lets transformers skip the mask altogether."""
+        if batch.is_padded and self.prebuilds_step_mask:
+            return batch.mask[:, None, None, :].bool()
+        return batch.mask
 
     # ------------------------------------------------------------ rows
 
@@ -300,7 +312,7 @@ class BatchDecoder(PrefillTogether):
             cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs)
             self._keep_prefix(inputs, prefix_cache)
             return cache, logits, found.level
-        cache, logits = self._forward(copy.deepcopy(found.value), ids=inputs.suffix_ids,
+        cache, logits = self._forward(cache_ops.fork(found.value), ids=inputs.suffix_ids,
                                       num_past=int(inputs.prefix_ids.shape[1]))
         return cache, logits, found.level
 
@@ -326,7 +338,7 @@ class BatchDecoder(PrefillTogether):
     def _prefill_and_keep_prefix(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor, DynamicCache]:
         """A cold prefill that also yields the frame prefix's cache to keep. Plain attention caches are prefilled
         whole and the prefix copied out (one forward: the cold path itself); other caches (recurrent state
-        cannot be cut) prefill the prefix, keep a copy, then the suffix."""
+        cannot be cut) prefill the prefix, keep it, then the suffix on a fork of it."""
         num_prefix = int(inputs.prefix_ids.shape[1])
         if cache_ops.is_plain_attention(self._new_cache()) and inputs.prefix_embeds is None:
             cache, logits = self._cold(inputs)
@@ -335,7 +347,7 @@ class BatchDecoder(PrefillTogether):
             prefix_cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0)
         else:
             prefix_cache, _ = self._forward(self._new_cache(), ids=inputs.prefix_ids, vision=inputs.vision, num_past=0)
-        cache, logits = self._forward(copy.deepcopy(prefix_cache), ids=inputs.suffix_ids, num_past=num_prefix)
+        cache, logits = self._forward(cache_ops.fork(prefix_cache), ids=inputs.suffix_ids, num_past=num_prefix)
         return cache, logits, prefix_cache
 
     def _new_cache(self) -> DynamicCache:
@@ -378,6 +390,14 @@ def can_merge_caches(model: Any) -> bool:
     """Whether rows of this model can be decoded together: its cache layers are ones cache_ops merges (plain or
     linear attention: no sliding window) and its positions are plain 1-D ones."""
     return has_plain_positions(model) and cache_ops.can_merge_layers(DynamicCache(config=model.config))
+
+
+def can_prebuild_step_mask(model: Any) -> bool:
+    """Whether a decode step may hand the model its 4-D boolean mask (BatchDecoder._step_mask): plain attention
+    layers only (a linear-attention layer reads the 2-D mask) under sdpa, which takes a boolean mask as it is."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    implementation = getattr(decoder.config, "_attn_implementation", None)
+    return implementation == "sdpa" and cache_ops.is_plain_attention(DynamicCache(config=model.config))
 
 
 def has_plain_positions(model: Any) -> bool:

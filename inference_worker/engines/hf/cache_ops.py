@@ -80,6 +80,17 @@ def split_rows(cache: DynamicCache, lengths: Sequence[int]) -> list[DynamicCache
     return rows
 
 
+def fork(cache: DynamicCache) -> DynamicCache:
+    """A cache to extend without changing `cache` (a kept frame prefix): attention layers share its tensors, which
+    a DynamicCache never writes into (it concatenates as it grows, as `prefix_of` relies on too); linear-attention
+    layers get copies of their conv and recurrent states, which the model updates in place. What `copy.deepcopy`
+    gave, without copying every key and value of the prefix for each reuse."""
+    forked = DynamicCache()
+    forked.layers = [_shared_attention(layer) if type(layer) is DynamicLayer else _linear_row(layer, slice(None))
+                     for layer in cache.layers]
+    return forked
+
+
 def trim_left(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
     """Drop the leading columns that no row attends to (left padding of rows that left); returns the new mask."""
     attended = mask.any(dim=0)
@@ -130,19 +141,32 @@ def _attention_row(layer: DynamicLayer, row: int, length: int) -> DynamicLayer:
     return out
 
 
-def _linear_row(layer: LinearAttentionLayer, row: int) -> LinearAttentionLayer:
+def _shared_attention(layer: DynamicLayer) -> DynamicLayer:
+    out = DynamicLayer()
+    if layer.is_initialized:
+        out.lazy_initialization(layer.keys, layer.values)
+        out.keys, out.values = layer.keys, layer.values
+    return out
+
+
+def _linear_row(layer: LinearAttentionLayer, row: int | slice) -> LinearAttentionLayer:
+    """A copy of one row of the layer's states (every row for `slice(None)`)."""
     out = LinearAttentionLayer(number_of_states=layer.number_of_states)
     out.device, out.dtype, out.record_past = layer.device, layer.dtype, layer.record_past
     for i in range(layer.number_of_states):
         out.conv_kernel_size[i] = layer.conv_kernel_size[i]
         out.has_previous_state[i] = layer.has_previous_state[i]
         if layer.is_conv_states_initialized[i]:
-            out.conv_states[i] = layer.conv_states[i][row:row + 1].clone()
+            out.conv_states[i] = _rows(layer.conv_states[i], row).clone()
             out.is_conv_states_initialized[i] = True
         if layer.is_recurrent_states_initialized[i]:
-            out.recurrent_states[i] = layer.recurrent_states[i][row:row + 1].clone()
+            out.recurrent_states[i] = _rows(layer.recurrent_states[i], row).clone()
             out.is_recurrent_states_initialized[i] = True
     return out
+
+
+def _rows(states: torch.Tensor, row: int | slice) -> torch.Tensor:
+    return states[row] if isinstance(row, slice) else states[row:row + 1]
 
 
 def _select_linear(layer: Any, indices: torch.Tensor) -> None:

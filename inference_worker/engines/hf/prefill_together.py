@@ -14,7 +14,6 @@ the decoder, which prefills each alone (and each fails alone).
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +92,7 @@ class PrefillTogether:
         for members in by_length.values():
             if len(members) == 1:
                 i = members[0]
-                caches[i], logits[i] = self._forward(copy.deepcopy(prefixes[i]), ids=inputs[i].suffix_ids,
+                caches[i], logits[i] = self._forward(cache_ops.fork(prefixes[i]), ids=inputs[i].suffix_ids,
                                                      num_past=int(inputs[i].prefix_ids.shape[1]))
                 continue
             past = [prefixes[i] for i in members]                  # merged into new tensors: kept ones stay as is
