@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,13 @@ class OcrConfig:
     #: recognised crops remembered by their pixels: a line that did not change is not recognised again,
     #: even when the frame around it did (a dialog opened, the window moved); 0 = no cache
     max_rec_cache_entries: int = 2048
+    #: run the recogniser with its per-pixel affine and hard-swish passes folded into its convolutions
+    #: (rec_graph.py: same texts, ~25% less recognition CPU); off = the wheel's model as shipped
+    simplify_recognizer: bool = True
+    #: when the models load, read a synthetic frame of this size (width, height) once, so that onnxruntime's
+    #: first-run work (its memory arena, per-shape kernel set-up) and lazy imports happen while the worker
+    #: says "loading", not on the user's first read; (0, 0) = no warm-up
+    warm_up_frame_px: tuple[int, int] = (800, 600)
 
     def __post_init__(self):
         if not 64 <= self.det_max_side_px <= 4096:
@@ -64,6 +72,10 @@ class OcrConfig:
             raise ValueError(f"max_reread_fraction must be in (0, 1]; got {self.max_reread_fraction}.")
         if not 0 <= self.max_rec_cache_entries <= 100_000:
             raise ValueError(f"max_rec_cache_entries must be 0..100000; got {self.max_rec_cache_entries}.")
+        width, height = self.warm_up_frame_px
+        if (width, height) != (0, 0) and not (64 <= width <= 4096 and 64 <= height <= 4096):
+            raise ValueError(f"warm_up_frame_px must be (0, 0) (no warm-up) or two sides of 64..4096 px; "
+                             f"got {self.warm_up_frame_px}.")
 
 
 @dataclass(frozen=True)
@@ -110,16 +122,34 @@ class OcrReader:
         self._last_lines: tuple[OcrLine, ...] = ()
         self._rec_cache: dict[bytes, tuple[str, float]] = {}    # crop pixels' digest -> (text, score)
         self.num_rec_cache_hits = 0
+        self.load_s: float | None = None            # how long the last load took, its warm-up reads included
+        self.warm_up_result: ReadResult | None = None    # what the last warm-up read (for the engine's warm-up)
 
     @property
     def is_loaded(self) -> bool:
         return self._ocr is not None
 
     def load(self) -> None:
-        """Load the detection and recognition models (from the wheel; no network). Idempotent."""
+        """Load the detection and recognition models (from the wheel; no network) and warm them up with one read
+        of a synthetic frame (`OcrConfig.warm_up_frame_px`). Idempotent."""
         if self._ocr is None:
+            started = time.perf_counter()
             self._ocr = _load_rapidocr(self.config)
             self._rec_pool = ThreadPoolExecutor(resolved_threads(self.config), thread_name_prefix="ocr-rec")
+            if self.config.warm_up_frame_px != (0, 0):
+                self._warm_up(warm_up_frame(*self.config.warm_up_frame_px))
+            self.load_s = time.perf_counter() - started
+
+    def _warm_up(self, frame: "Image") -> None:
+        """Read `frame` twice. onnxruntime plans a shape's memory on its first run and allocates that plan as one
+        block on the second (~70 MB for an 800x600 detection), and the recognition threads set up on first use:
+        all of it happens here, so that the first two reads of a frame this size allocate nothing new
+        (tests/test_ocr_engine.py). The synthetic frame is then forgotten (not the previous frame, not cached)."""
+        for _ in range(2):
+            self.clear_cache()
+            self.warm_up_result = self.read(frame)
+        self.clear_cache()
+        self.num_rec_cache_hits = 0
 
     def reset(self) -> None:
         """Forget the previous frame: the next read is a full read."""
@@ -194,7 +224,7 @@ class OcrReader:
         left = max(0, math.floor(window[0] * scale)) // _DET_STRIDE * _DET_STRIDE
         top = max(0, math.floor(window[1] * scale)) // _DET_STRIDE * _DET_STRIDE
         right, bottom = min(width, math.ceil(window[2] * scale)), min(height, math.ceil(window[3] * scale))
-        quads, _ = self._ocr.text_det(_pad_for_detector(small[top:bottom, left:right]))
+        quads = detect_quads(self._ocr.text_det, _pad_for_detector(small[top:bottom, left:right]))
         if quads is None or len(quads) == 0:
             return []
         result = []
@@ -235,8 +265,8 @@ class OcrReader:
         """(text, mean confidence) of one quad's crop; runs on a recognition thread (onnxruntime and OpenCV let
         go of the GIL while they compute)."""
         crop = self._ocr.crop(bgr, quad)
-        preds = self._ocr.text_rec.session(_rec_input(crop, self.config.rec_height_px))[0]
-        text, score = self._ocr.text_rec.postprocess_op(preds)[0][:2]
+        preds = self._ocr.recognize(_rec_input(crop, self.config.rec_height_px))
+        text, score = self._ocr.rec_decode(preds)[0][:2]
         return text.strip(), round(float(score), 4)
 
     def _remember(self, key: bytes, result: tuple[str, float]) -> None:
@@ -246,6 +276,59 @@ class OcrReader:
 
 
 # -------------------------------------------------------------------- pure helpers
+
+#: the warm-up frame's lines: short and long (recognition sizes its buffers by the crop's width), three sizes
+WARM_UP_LINES = (("Warm-up frame 0123456789", 14), ("The quick brown fox jumps over the lazy dog " * 3, 12),
+                 ("File \"/tmp/x.py\", line 4, in <module>  ZeroDivisionError: division by zero", 13),
+                 ("Invoice #4411 total $1,249.00", 20), ("OK", 16))
+
+
+def warm_up_frame(width: int, height: int) -> "Image":
+    """A synthetic frame of the given size with a few lines of text (Pillow's built-in font: no font file)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("RGB", (width, height), (250, 250, 250))
+    draw = ImageDraw.Draw(image)
+    top = 8
+    while top < height - 40:
+        for line, size_px in WARM_UP_LINES:
+            if top >= height - 40:
+                break
+            draw.text((8, top), line, fill=(20, 20, 20), font=ImageFont.load_default(size_px))
+            top += size_px * 2 + 6
+    return image
+
+
+#: RapidOCR's detector ("max" limit) resizes an image whose longer side is above this; up to it, an image whose
+#: sides are multiples of 32 goes in as it is
+_DET_MAX_UNRESIZED_SIDE_PX = 2000
+
+
+def detect_quads(text_det: Any, image: np.ndarray) -> np.ndarray | None:
+    """RapidOCR's detection of `image` (BGR uint8): its quads, as `text_det(image)` finds them. On the detector's
+    grid the input is normalised here, into one float32 buffer (RapidOCR's goes through float64 and three copies,
+    ~19 ms of an 800x600 read); with the wheel's mean and std (0.5) the values are the same, bit for bit
+    (tests/test_ocr_engine.py)."""
+    height, width = image.shape[:2]
+    if height % _DET_STRIDE or width % _DET_STRIDE or max(height, width) > _DET_MAX_UNRESIZED_SIDE_PX:
+        return text_det(image)[0]
+    preds = text_det.infer(det_input(image, text_det.mean, text_det.std))[0]
+    boxes, _ = text_det.postprocess_op(preds, (height, width))
+    return text_det.filter_tag_det_res(boxes, (height, width))
+
+
+def det_input(image: np.ndarray, mean: Any, std: Any) -> np.ndarray:
+    """(image / 255 - mean) / std per channel, as a contiguous 1x3xHxW float32 array, computed in place."""
+    height, width = image.shape[:2]
+    x = np.empty((1, 3, height, width), np.float32)
+    mean, std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+    for channel in range(3):
+        plane = x[0, channel]
+        np.multiply(image[:, :, channel], np.float32(1 / 255.0), out=plane)
+        plane -= np.float32(mean[channel])
+        plane /= np.float32(std[channel])
+    return x
+
 
 def to_bgr(frame: "Image | np.ndarray") -> np.ndarray:
     """A contiguous HxWx3 BGR uint8 array (what the models read) from a PIL image or such an array."""
@@ -325,9 +408,14 @@ def reading_order(lines: list[OcrLine]) -> list[OcrLine]:
 @dataclass(frozen=True)
 class _Models:
     """The detector and the recogniser (no angle classifier: screen text is upright), and RapidOCR's crop."""
-    text_det: Any
-    text_rec: Any
+    text_det: Any                    # RapidOCR's TextDetector: its session (`infer`) and box post-processing
+    rec_session: Any                 # onnxruntime session of the recogniser (simplified: rec_graph.py)
+    rec_decode: Any                  # CTC decoding of the recogniser's output -> [(text, score)]
     crop: Any                        # (bgr, quad) -> the quad's crop, upright
+    num_rec_rewrites: int            # ops folded away by rec_graph (0: the wheel's model as shipped)
+
+    def recognize(self, x: np.ndarray) -> np.ndarray:
+        return self.rec_session.run(None, {self.rec_session.get_inputs()[0].name: x})[0]
 
 
 def _load_rapidocr(config: OcrConfig) -> _Models:
@@ -337,7 +425,6 @@ def _load_rapidocr(config: OcrConfig) -> _Models:
     os.environ["ORT_DISABLE_TELEMETRY"] = "1"
     from rapidocr_onnxruntime import RapidOCR  # onnxruntime + opencv: imported on first use only
     from rapidocr_onnxruntime.ch_ppocr_det import TextDetector
-    from rapidocr_onnxruntime.ch_ppocr_rec import TextRecognizer
     from rapidocr_onnxruntime.main import DEFAULT_CFG_PATH
     from rapidocr_onnxruntime.utils import read_yaml, update_model_path
     from rapidocr_onnxruntime.utils.infer_engine import OrtInferSession
@@ -359,15 +446,41 @@ def _load_rapidocr(config: OcrConfig) -> _Models:
     OrtInferSession._init_sess_opts = staticmethod(our_options)   # during this load only
     try:
         # detection: one large image, `threads` intra-op threads; "max" never scales up (_fit scales down).
-        # recognition: one intra-op thread per call, `threads` calls at once (onnxruntime runs a session from
-        # several threads concurrently). The angle classifier is not loaded (RapidOCR() would: ~0.05 s).
+        # The angle classifier is not loaded (RapidOCR() would: ~0.05 s).
         text_det = TextDetector({**models["Det"], "limit_type": "max", "intra_op_num_threads": threads,
                                  "inter_op_num_threads": 1})
-        text_rec = TextRecognizer({**models["Rec"], "intra_op_num_threads": 1, "inter_op_num_threads": 1})
+        # recognition: one intra-op thread per call, `threads` calls at once (onnxruntime runs a session from
+        # several threads concurrently)
+        rec_session, num_rewrites = _recognizer_session(models["Rec"]["model_path"], our_options(
+            {"intra_op_num_threads": 1, "inter_op_num_threads": 1}), config.simplify_recognizer)
     finally:
         OrtInferSession._init_sess_opts = staticmethod(make_options)
     # RapidOCR's perspective crop of one quad (it reads nothing of its instance)
-    return _Models(text_det, text_rec, lambda bgr, quad: RapidOCR.get_crop_img_list(None, bgr, [quad])[0])
+    return _Models(text_det, rec_session, _ctc_decoder(rec_session), lambda bgr, quad: RapidOCR.get_crop_img_list(
+        None, bgr, [quad])[0], num_rewrites)
+
+
+def _recognizer_session(model_path: str, options: Any, simplify: bool) -> tuple[Any, int]:
+    """An onnxruntime session of the wheel's recogniser, its graph simplified (rec_graph.py) unless `simplify` is
+    off or the onnx package is missing; and how many ops the simplification folded away."""
+    from onnxruntime import InferenceSession
+
+    from inference_worker.engines.ocr.rec_graph import simplified_recognizer
+
+    simplified = simplified_recognizer(Path(model_path)) if simplify else None
+    source = simplified.model_bytes if simplified else model_path
+    session = InferenceSession(source, sess_options=options,
+                               providers=[("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})])
+    rewrites = (simplified.num_conv_affines + simplified.num_hard_swishes + simplified.num_input_affines
+                if simplified else 0)
+    return session, rewrites
+
+
+def _ctc_decoder(session: Any) -> Any:
+    """RapidOCR's CTC decoding with the character list stored in the model's metadata."""
+    from rapidocr_onnxruntime.ch_ppocr_rec.utils import CTCLabelDecode
+
+    return CTCLabelDecode(character=session.get_modelmeta().custom_metadata_map["character"].splitlines())
 
 
 def resolved_threads(config: OcrConfig) -> int:
