@@ -1,8 +1,8 @@
 """The OCR models as the reader runs them, against RapidOCR as shipped, on text rendered with real fonts.
 
-- the recogniser with its affine and hard-swish passes folded away (engines/ocr/rec_graph.py) reads every crop
-  as the wheel's model does: the same texts, the same scores to 1e-4;
-- the detector's input, normalised in place by the reader, is RapidOCR's bit for bit, and so are its quads;
+- the recogniser with its affine and hard-swish passes folded away (engines/ocr/folding.py) reads every crop
+  as the wheel's model does: the same texts, the same scores to 1e-4; the folded detector finds the same boxes;
+- the detector's input, normalised in place by the reader, is RapidOCR's bit for bit;
 - the warm-up at load: in a fresh process, the engine's first two answers after it is built import no module
   and grow the process by almost nothing, where an engine built without the warm-up grows by tens of MB
   (onnxruntime's per-shape memory plans) and imports the schema validator on the first request.
@@ -59,7 +59,7 @@ def crops_of(reader: OcrReader, image) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def readers():
-    shipped = OcrReader(OcrConfig(simplify_recognizer=False, warm_up_frame_px=(0, 0)))
+    shipped = OcrReader(OcrConfig(simplify_models=False, warm_up_frame_px=(0, 0)))
     simplified = OcrReader(OcrConfig(warm_up_frame_px=(0, 0)))
     shipped.load()
     simplified.load()
@@ -70,7 +70,8 @@ def readers():
 
 def test_the_simplified_recogniser_reads_every_crop_as_the_wheels_model_does(readers):
     shipped, simplified = readers
-    assert shipped._ocr.num_rec_rewrites == 0 and simplified._ocr.num_rec_rewrites > 0
+    assert shipped._ocr.num_rewrites == {"det": 0, "rec": 0}
+    assert simplified._ocr.num_rewrites["rec"] > 0 and simplified._ocr.num_rewrites["det"] > 0
     crops = crops_of(shipped, render_screen())
     assert len(crops) >= len(LINES) * 2 - 2, len(crops)
     texts = []
@@ -86,23 +87,34 @@ def test_the_simplified_recogniser_reads_every_crop_as_the_wheels_model_does(rea
     assert "ZeroDivisionError" in joined and "1,249.00" in joined and "收件箱" in joined, texts  # real text read
 
 
-def test_the_simplified_graph_has_the_per_pixel_passes_folded_away():
+@pytest.mark.parametrize("model", ["Det", "Rec"])
+def test_the_simplified_graphs_have_the_per_pixel_passes_folded_away(model):
     import collections
 
     import onnx
     from rapidocr_onnxruntime.main import DEFAULT_CFG_PATH
     from rapidocr_onnxruntime.utils import read_yaml, update_model_path
 
-    from inference_worker.engines.ocr.rec_graph import simplified_recognizer
+    from inference_worker.engines.ocr.folding import simplified_model
 
-    path = Path(update_model_path(read_yaml(DEFAULT_CFG_PATH))["Rec"]["model_path"])
+    path = Path(update_model_path(read_yaml(DEFAULT_CFG_PATH))[model]["model_path"])
     before = collections.Counter(node.op_type for node in onnx.load(str(path)).graph.node)
-    simplified = simplified_recognizer(path)
+    simplified = simplified_model(path)
     after = collections.Counter(node.op_type for node in onnx.load_from_string(simplified.model_bytes).graph.node)
     assert simplified.num_hard_swishes == before["Clip"] and after["Clip"] == 0        # every hard-swish shortened
-    assert after["Conv"] == before["Conv"] and after["MatMul"] == before["MatMul"]      # the model's own layers stay
+    for layer in ("Conv", "MatMul", "ConvTranspose", "Resize", "Softmax"):              # the model's own layers stay
+        assert after[layer] == before[layer], layer
     assert simplified.num_conv_affines >= 20 and simplified.num_input_affines >= 20
     assert after["Mul"] + after["Add"] + after["Div"] < 0.6 * (before["Mul"] + before["Add"] + before["Div"]), after
+
+
+def test_the_simplified_detector_finds_the_boxes_the_wheels_model_finds(readers):
+    shipped, simplified = readers
+    for image in (render_screen(), render_screen(1024, 768)):
+        image = ocr_reader._pad_for_detector(ocr_reader.to_bgr(image))
+        theirs = shipped._ocr.text_det(image)[0]
+        ours = ocr_reader.detect_quads(simplified._ocr.text_det, image)
+        assert len(ours) == len(theirs) >= len(LINES) and float(np.abs(ours - theirs).max()) <= 1.0
 
 
 def test_the_detector_input_is_rapidocrs_bit_for_bit_and_so_are_its_quads(readers):
@@ -113,7 +125,7 @@ def test_the_detector_input_is_rapidocrs_bit_for_bit_and_so_are_its_quads(reader
     ours = ocr_reader.det_input(image, detector.mean, detector.std)
     assert ours.dtype == np.float32 and ours.flags.c_contiguous
     assert ours.shape == theirs.shape and np.array_equal(ours, theirs)
-    their_quads, our_quads = detector(image)[0], ocr_reader.detect_quads(detector, image)
+    their_quads, our_quads = detector(image)[0], ocr_reader.detect_quads(detector, image)   # the same session
     assert len(our_quads) >= len(LINES) and np.array_equal(our_quads, their_quads)
 
 
@@ -145,7 +157,8 @@ FIRST_ANSWERS = textwrap.dedent("""
         completion = engine.complete(request, [frame])
         answers.append({"grown_mib": (process.memory_info().rss - rss) / 2 ** 20,
                         "new_modules": sorted(set(sys.modules) - modules),
-                        "lines": completion.extra["ocr"]["num_lines"], "summary": json.loads(completion.text)["summary"]})
+                        "lines": completion.extra["ocr"]["num_lines"],
+                        "summary": json.loads(completion.text)["summary"]})
     print(json.dumps({"load_s": engine.reader.load_s, "answers": answers}))
 """)
 

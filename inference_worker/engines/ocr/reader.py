@@ -49,9 +49,9 @@ class OcrConfig:
     #: recognised crops remembered by their pixels: a line that did not change is not recognised again,
     #: even when the frame around it did (a dialog opened, the window moved); 0 = no cache
     max_rec_cache_entries: int = 2048
-    #: run the recogniser with its per-pixel affine and hard-swish passes folded into its convolutions
-    #: (rec_graph.py: same texts, ~25% less recognition CPU); off = the wheel's model as shipped
-    simplify_recognizer: bool = True
+    #: run the detector and the recogniser with their per-pixel affine and hard-swish passes folded into their
+    #: convolutions (folding.py: same texts and boxes, ~25% less CPU); off = the wheel's models as shipped
+    simplify_models: bool = True
     #: when the models load, read a synthetic frame of this size (width, height) once, so that onnxruntime's
     #: first-run work (its memory arena, per-shape kernel set-up) and lazy imports happen while the worker
     #: says "loading", not on the user's first read; (0, 0) = no warm-up
@@ -408,11 +408,11 @@ def reading_order(lines: list[OcrLine]) -> list[OcrLine]:
 @dataclass(frozen=True)
 class _Models:
     """The detector and the recogniser (no angle classifier: screen text is upright), and RapidOCR's crop."""
-    text_det: Any                    # RapidOCR's TextDetector: its session (`infer`) and box post-processing
-    rec_session: Any                 # onnxruntime session of the recogniser (simplified: rec_graph.py)
+    text_det: Any                    # RapidOCR's TextDetector: its session (`infer`, simplified) and box finding
+    rec_session: Any                 # onnxruntime session of the recogniser (simplified: folding.py)
     rec_decode: Any                  # CTC decoding of the recogniser's output -> [(text, score)]
     crop: Any                        # (bgr, quad) -> the quad's crop, upright
-    num_rec_rewrites: int            # ops folded away by rec_graph (0: the wheel's model as shipped)
+    num_rewrites: dict[str, int]     # {"det": n, "rec": n}: op patterns folded away (0: the model as shipped)
 
     def recognize(self, x: np.ndarray) -> np.ndarray:
         return self.rec_session.run(None, {self.rec_session.get_inputs()[0].name: x})[0]
@@ -447,33 +447,34 @@ def _load_rapidocr(config: OcrConfig) -> _Models:
     try:
         # detection: one large image, `threads` intra-op threads; "max" never scales up (_fit scales down).
         # The angle classifier is not loaded (RapidOCR() would: ~0.05 s).
-        text_det = TextDetector({**models["Det"], "limit_type": "max", "intra_op_num_threads": threads,
-                                 "inter_op_num_threads": 1})
+        det_config = {**models["Det"], "limit_type": "max", "intra_op_num_threads": threads, "inter_op_num_threads": 1}
+        text_det = TextDetector(det_config)
         # recognition: one intra-op thread per call, `threads` calls at once (onnxruntime runs a session from
         # several threads concurrently)
-        rec_session, num_rewrites = _recognizer_session(models["Rec"]["model_path"], our_options(
-            {"intra_op_num_threads": 1, "inter_op_num_threads": 1}), config.simplify_recognizer)
+        rec_config = {"intra_op_num_threads": 1, "inter_op_num_threads": 1}
+        rec_session, num_rec = _session(models["Rec"]["model_path"], our_options(rec_config), config.simplify_models)
+        if config.simplify_models:      # RapidOCR's detector keeps its pre- and post-processing, on the folded graph
+            text_det.infer.session, num_det = _session(models["Det"]["model_path"], our_options(det_config), True)
+        else:
+            num_det = 0
     finally:
         OrtInferSession._init_sess_opts = staticmethod(make_options)
     # RapidOCR's perspective crop of one quad (it reads nothing of its instance)
     return _Models(text_det, rec_session, _ctc_decoder(rec_session), lambda bgr, quad: RapidOCR.get_crop_img_list(
-        None, bgr, [quad])[0], num_rewrites)
+        None, bgr, [quad])[0], {"det": num_det, "rec": num_rec})
 
 
-def _recognizer_session(model_path: str, options: Any, simplify: bool) -> tuple[Any, int]:
-    """An onnxruntime session of the wheel's recogniser, its graph simplified (rec_graph.py) unless `simplify` is
-    off or the onnx package is missing; and how many ops the simplification folded away."""
+def _session(model_path: str, options: Any, simplify: bool) -> tuple[Any, int]:
+    """An onnxruntime session of the wheel's model at `model_path`, its graph simplified (folding.py) unless
+    `simplify` is off or the onnx package is missing; and how many op patterns the simplification folded away."""
     from onnxruntime import InferenceSession
 
-    from inference_worker.engines.ocr.rec_graph import simplified_recognizer
+    from inference_worker.engines.ocr.folding import simplified_model
 
-    simplified = simplified_recognizer(Path(model_path)) if simplify else None
-    source = simplified.model_bytes if simplified else model_path
-    session = InferenceSession(source, sess_options=options,
+    simplified = simplified_model(Path(model_path)) if simplify else None
+    session = InferenceSession(simplified.model_bytes if simplified else model_path, sess_options=options,
                                providers=[("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})])
-    rewrites = (simplified.num_conv_affines + simplified.num_hard_swishes + simplified.num_input_affines
-                if simplified else 0)
-    return session, rewrites
+    return session, simplified.num_rewrites if simplified else 0
 
 
 def _ctc_decoder(session: Any) -> Any:

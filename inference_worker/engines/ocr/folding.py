@@ -1,9 +1,9 @@
-"""The recogniser's graph with its per-pixel passes folded away: the same function, ~25% less CPU per line.
+"""The OCR models' graphs with their per-pixel passes folded away: the same function, ~25% less CPU.
 
-PP-OCRv4's recogniser (PPLCNetV3 + SVTR) wraps each convolution in "learnable affine blocks": a scalar
-Mul and Add after the convolution and again after its hard-swish, which Paddle's exporter writes as four
-more ops (Add 3, Clip 0..6, Mul, Div 6). Each is a pass over the whole feature map: in the wheel's model
-they took 28% of the recognition time. Three exact rewrites remove them:
+PP-OCRv4's detector and recogniser share a backbone (PPLCNetV3) that wraps each convolution in "learnable
+affine blocks": a scalar Mul and Add after the convolution and again after its hard-swish, which Paddle's
+exporter writes as four more ops (Add 3, Clip 0..6, Mul, Div 6). Each is a pass over the whole feature map:
+in the wheel's recogniser they took 28% of the time. Three exact rewrites remove them:
 
 1. conv -> Mul(a) -> Add(b)              == conv with weights * a and bias * a + b
 2. x * Clip(x + 3, 0, 6) / 6             == x * HardSigmoid(x; 1/6, 1/2)  (onnxruntime fuses it into the conv)
@@ -11,10 +11,10 @@ they took 28% of the recognition time. Three exact rewrites remove them:
                                             has no padding; with padding, the Add (d / c) stays before it
                                             (a padded border is zero, not d)
 
-They change the result only by float rounding (tests/test_ocr_engine.py compares both models on real
-crops: same texts, scores within 1e-4). The model is rewritten in memory when the reader loads (~0.2 s;
-nothing is written to disk: the engine keeps nothing under HOME); without the `onnx` package the wheel's
-model is used as it is.
+They change the result only by float rounding (tests/test_ocr_models.py compares both models on rendered text:
+the same texts, scores within 1e-4, the same boxes). The models are rewritten in memory when the reader loads
+(~0.1 s each; nothing is written to disk: the engine keeps nothing under HOME); without the `onnx` package the
+wheel's models run as they are.
 """
 
 from __future__ import annotations
@@ -36,13 +36,17 @@ class Simplified:
     num_hard_swishes: int = 0        # rewrite 2
     num_input_affines: int = 0       # rewrite 3
 
+    @property
+    def num_rewrites(self) -> int:
+        return self.num_conv_affines + self.num_hard_swishes + self.num_input_affines
 
-def simplified_recognizer(model_path: Path) -> Simplified | None:
-    """The recogniser at `model_path` with the rewrites above, serialised; None when onnx is not installed."""
+
+def simplified_model(model_path: Path) -> Simplified | None:
+    """The model at `model_path` with the rewrites above, serialised; None when onnx is not installed."""
     try:
         import onnx
     except ImportError:
-        log.warning("the onnx package is not installed: the OCR recogniser runs as shipped (~25%% slower)")
+        log.warning("the onnx package is not installed: the OCR models run as shipped (~25%% slower)")
         return None
     model = onnx.load(str(model_path))
     graph = _Graph(model.graph)
