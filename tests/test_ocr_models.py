@@ -182,3 +182,18 @@ def test_the_warm_up_at_load_leaves_nothing_to_load_or_allocate_for_the_first_an
     assert sum(answer["grown_mib"] for answer in cold["answers"]) > 30, cold
     assert [a["lines"] for a in cold["answers"]] == [a["lines"] for a in warm["answers"]]
     assert warm["load_s"] > cold["load_s"]                      # the warm-up is part of the load
+
+
+def test_the_warm_up_runs_when_loading_ahead_and_leaves_no_trace_a_first_read_loads_without_it():
+    ahead = OcrReader()
+    ahead.load()
+    warm_up = ahead.warm_up_result
+    assert warm_up is not None and warm_up.frame_size == (800, 600) and len(warm_up.lines) >= 5, warm_up
+    assert "Invoice #4411 total $1,249.00" in [line.text for line in warm_up.lines]     # the frame was really read
+    assert ahead._rec_cache == {} and ahead._last_frame is None and ahead.num_rec_cache_hits == 0   # no trace
+    first = ahead.read(render_screen())
+    assert first.is_full_read
+    lazy = OcrReader()
+    assert lazy.read(render_screen()).lines == first.lines and lazy.warm_up_result is None
+    ahead.close()
+    lazy.close()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,9 +52,9 @@ class OcrConfig:
     #: run the detector and the recogniser with their per-pixel affine and hard-swish passes folded into their
     #: convolutions (folding.py: same texts and boxes, ~25% less CPU); off = the wheel's models as shipped
     simplify_models: bool = True
-    #: when the models load, read a synthetic frame of this size (width, height) once, so that onnxruntime's
-    #: first-run work (its memory arena, per-shape kernel set-up) and lazy imports happen while the worker
-    #: says "loading", not on the user's first read; (0, 0) = no warm-up
+    #: when the models are loaded ahead of the first read (the worker's "loading" state), read a synthetic frame
+    #: of this size (width, height) twice, so that onnxruntime's first-run work (its memory arena and per-shape
+    #: memory plans) and lazy imports happen then, not on the user's first reads; (0, 0) = no warm-up
     warm_up_frame_px: tuple[int, int] = (800, 600)
 
     def __post_init__(self):
@@ -129,14 +129,15 @@ class OcrReader:
     def is_loaded(self) -> bool:
         return self._ocr is not None
 
-    def load(self) -> None:
-        """Load the detection and recognition models (from the wheel; no network) and warm them up with one read
-        of a synthetic frame (`OcrConfig.warm_up_frame_px`). Idempotent."""
+    def load(self, warm_up: bool = True) -> None:
+        """Load the detection and recognition models (from the wheel; no network) and, with `warm_up`, read a
+        synthetic frame (`OcrConfig.warm_up_frame_px`) twice. Idempotent. A read loads them itself, without the
+        warm-up (it is the first read already)."""
         if self._ocr is None:
             started = time.perf_counter()
             self._ocr = _load_rapidocr(self.config)
             self._rec_pool = ThreadPoolExecutor(resolved_threads(self.config), thread_name_prefix="ocr-rec")
-            if self.config.warm_up_frame_px != (0, 0):
+            if warm_up and self.config.warm_up_frame_px != (0, 0):
                 self._warm_up(warm_up_frame(*self.config.warm_up_frame_px))
             self.load_s = time.perf_counter() - started
 
@@ -144,7 +145,7 @@ class OcrReader:
         """Read `frame` twice. onnxruntime plans a shape's memory on its first run and allocates that plan as one
         block on the second (~70 MB for an 800x600 detection), and the recognition threads set up on first use:
         all of it happens here, so that the first two reads of a frame this size allocate nothing new
-        (tests/test_ocr_engine.py). The synthetic frame is then forgotten (not the previous frame, not cached)."""
+        (tests/test_ocr_models.py). The synthetic frame is then forgotten (not the previous frame, not cached)."""
         for _ in range(2):
             self.clear_cache()
             self.warm_up_result = self.read(frame)
@@ -203,7 +204,7 @@ class OcrReader:
     # ---------------------------------------------------------------- detection + recognition
 
     def _read_regions(self, bgr: np.ndarray, regions: list[Rect]) -> list[OcrLine]:
-        self.load()
+        self.load(warm_up=False)
         small, scale = _fit(bgr, self.config.det_max_side_px)
         lines: list[OcrLine] = []
         for region in regions:
@@ -306,9 +307,9 @@ _DET_MAX_UNRESIZED_SIDE_PX = 2000
 
 def detect_quads(text_det: Any, image: np.ndarray) -> np.ndarray | None:
     """RapidOCR's detection of `image` (BGR uint8): its quads, as `text_det(image)` finds them. On the detector's
-    grid the input is normalised here, into one float32 buffer (RapidOCR's goes through float64 and three copies,
-    ~19 ms of an 800x600 read); with the wheel's mean and std (0.5) the values are the same, bit for bit
-    (tests/test_ocr_engine.py)."""
+    grid the input is normalised here, into one float32 buffer (RapidOCR's goes through float64 and three copies:
+    ~8 ms for an 800x600 frame, here ~1 ms); with the wheel's mean and std (0.5) the values are the same, bit for
+    bit (tests/test_ocr_models.py)."""
     height, width = image.shape[:2]
     if height % _DET_STRIDE or width % _DET_STRIDE or max(height, width) > _DET_MAX_UNRESIZED_SIDE_PX:
         return text_det(image)[0]
