@@ -197,3 +197,22 @@ def test_the_warm_up_runs_when_loading_ahead_and_leaves_no_trace_a_first_read_lo
     assert lazy.read(render_screen()).lines == first.lines and lazy.warm_up_result is None
     ahead.close()
     lazy.close()
+
+
+def test_without_the_onnx_package_the_models_run_as_shipped_and_read_the_same(readers, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnx", None)                      # `import onnx` raises ImportError
+    reader = OcrReader(OcrConfig(warm_up_frame_px=(0, 0)))
+    lines = reader.read(render_screen()).lines
+    assert reader._ocr.num_rewrites == {"det": 0, "rec": 0}
+    simplified = readers[1]
+    simplified.clear_cache()
+    assert [line.text for line in lines] == [line.text for line in simplified.read(render_screen()).lines]
+    reader.close()
+
+
+def test_a_graph_it_cannot_rewrite_is_left_as_shipped(tmp_path):
+    from inference_worker.engines.ocr.folding import simplified_model
+
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx model")
+    assert simplified_model(broken) is None

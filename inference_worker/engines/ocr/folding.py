@@ -48,11 +48,16 @@ def simplified_model(model_path: Path) -> Simplified | None:
     except ImportError:
         log.warning("the onnx package is not installed: the OCR models run as shipped (~25%% slower)")
         return None
-    model = onnx.load(str(model_path))
-    graph = _Graph(model.graph)
-    counts = (graph.fold_conv_affines(), graph.shorten_hard_swishes(), graph.fold_input_affines())
-    graph.commit()
-    return Simplified(model.SerializeToString(), *counts)
+    try:
+        model = onnx.load(str(model_path))
+        graph = _Graph(model.graph)
+        counts = (graph.fold_conv_affines(), graph.shorten_hard_swishes(), graph.fold_input_affines())
+        graph.commit()
+        return Simplified(model.SerializeToString(), *counts)
+    except Exception as exc:  # noqa: BLE001 - an optimisation: a graph it cannot rewrite runs as shipped
+        log.warning("cannot simplify the OCR model %s (%s: %s); it runs as shipped", model_path.name,
+                    type(exc).__name__, exc)
+        return None
 
 
 @dataclass
