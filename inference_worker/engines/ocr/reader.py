@@ -285,16 +285,14 @@ WARM_UP_LINES = (("Warm-up frame 0123456789", 14), ("The quick brown fox jumps o
 
 
 def warm_up_frame(width: int, height: int) -> "Image":
-    """A synthetic frame of the given size with a few lines of text (Pillow's built-in font: no font file)."""
+    """A synthetic frame of the given size with a few lines of text (Pillow's built-in font: no font file). The
+    detector's work depends on the frame's size only, recognition's on the lines' widths: five lines do."""
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("RGB", (width, height), (250, 250, 250))
-    draw = ImageDraw.Draw(image)
-    top = 8
-    while top < height - 40:
-        for line, size_px in WARM_UP_LINES:
-            if top >= height - 40:
-                break
+    draw, top = ImageDraw.Draw(image), 8
+    for line, size_px in WARM_UP_LINES:
+        if top < height - 2 * size_px:
             draw.text((8, top), line, fill=(20, 20, 20), font=ImageFont.load_default(size_px))
             top += size_px * 2 + 6
     return image
