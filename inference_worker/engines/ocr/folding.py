@@ -62,19 +62,21 @@ def simplified_model(model_path: Path) -> Simplified | None:
 
 @dataclass
 class _Graph:
-    """A mutable view of an ONNX graph: constants by name, consumers of each tensor, and the edits to commit."""
+    """A mutable view of an ONNX graph: its nodes (one list of the same Python objects throughout, so that they can
+    be told apart by id()), constants by name, consumers of each tensor, and the edits to commit."""
     proto: Any
+    nodes: list = field(default_factory=list)
     consts: dict[str, np.ndarray] = field(default_factory=dict)
     consumers: dict[str, list] = field(default_factory=dict)
     removed: set[int] = field(default_factory=set)          # id() of nodes to drop
     replaced: dict[int, list] = field(default_factory=dict)  # id() of a node -> the nodes that take its place
     renamed: dict[str, str] = field(default_factory=dict)   # tensor -> the tensor that now carries its value
-    new_tensors: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self):
         from onnx import numpy_helper
 
-        for node in self.proto.node:
+        self.nodes = list(self.proto.node)
+        for node in self.nodes:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
                 self.consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
             for name in node.input:
@@ -184,7 +186,7 @@ class _Graph:
     # ------------------------------------------------------------ helpers
 
     def _live(self, op_type: str) -> list:
-        return [node for node in self.proto.node if node.op_type == op_type and id(node) not in self.removed]
+        return [node for node in self.nodes if node.op_type == op_type and id(node) not in self.removed]
 
     def _only_consumer(self, tensor: str, op_type: str):
         users = [node for node in self.consumers.get(tensor, []) if id(node) not in self.removed]
@@ -223,7 +225,7 @@ class _Graph:
         name = base
         while name in self.consts:
             name += "'"
-        self.consts[name] = self.new_tensors[name] = np.asarray(value, np.float32)
+        self.consts[name] = np.asarray(value, np.float32)
         return name
 
     def commit(self) -> None:
@@ -231,7 +233,7 @@ class _Graph:
         from onnx import numpy_helper
 
         nodes = []
-        for node in self.proto.node:
+        for node in self.nodes:
             if id(node) in self.replaced:
                 nodes.extend(self.replaced[id(node)])
             elif id(node) not in self.removed and not (node.op_type == "Constant" and node.output[0] in self.consts):
