@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from inference_worker.engines.base import Engine, Prepared, emit_in_pieces
-from inference_worker.engines.ocr.reader import OcrConfig, OcrLine, OcrReader, ReadResult, to_bgr
+from inference_worker.engines.ocr.reader import OcrConfig, OcrLine, OcrReader, ReadResult, to_bgr, warm_up_frame
 from inference_worker.engines.ocr.screen import describe_screen, faithful_lines
 from inference_worker.engines.ocr.windows import segment
 from inference_worker.protocol import ChatRequest, Completion, ProtocolError
@@ -32,11 +32,21 @@ class OcrEngine(Engine):
     model_name = "deskeye-ocr"
 
     def __init__(self, config: OcrConfig | None = None, reader: OcrReader | None = None, *, preload: bool = True):
-        """`preload`: load the models now (~0.3 s, what the worker's "loading" state is for) rather than on
-        the first request."""
+        """`preload`: load the models now, warm them up and describe the warm-up frame once (~1 s, what the
+        worker's "loading" state is for: the first request then costs what any other does) rather than on the
+        first request."""
         self.reader = reader or OcrReader(config)
         if preload:
             self.reader.load()
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Describe the reader's warm-up read once, answer and schema check included: the describe path's lazy
+        imports (the schema validator's) and first-use costs are paid while loading."""
+        warm_up = self.reader.warm_up_result
+        if warm_up is not None:
+            described = describe_frame(warm_up, to_bgr(warm_up_frame(*warm_up.frame_size)), (), "")
+            render_answer(described, WARM_UP_SCHEMA)
 
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
         if not images:
@@ -73,6 +83,11 @@ def question_of(request: ChatRequest) -> str:
             return message.text.strip()
     return ""
 
+
+#: the shape of DeskEye's answer schema (deskeye/prompt.py), for the warm-up's schema check
+WARM_UP_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["summary", "key_objects"],
+                  "properties": {"summary": {"type": "string", "maxLength": 1200},
+                                 "key_objects": {"type": "array", "maxItems": 12, "items": {"type": "string"}}}}
 
 #: a line's text is screen content an attacker may choose; the vocabulary's patterns take time quadratic in a
 #: line's length (~0.13 s for 1,500 characters), so only its start is matched (a summary quotes 200 at most)

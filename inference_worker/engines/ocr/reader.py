@@ -14,6 +14,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,6 +49,13 @@ class OcrConfig:
     #: recognised crops remembered by their pixels: a line that did not change is not recognised again,
     #: even when the frame around it did (a dialog opened, the window moved); 0 = no cache
     max_rec_cache_entries: int = 2048
+    #: run the detector and the recogniser with their per-pixel affine and hard-swish passes folded into their
+    #: convolutions (folding.py: same texts and boxes, ~25% less CPU); off = the wheel's models as shipped
+    simplify_models: bool = True
+    #: when the models are loaded ahead of the first read (the worker's "loading" state), read a synthetic frame
+    #: of this size (width, height) twice, so that onnxruntime's first-run work (its memory arena and per-shape
+    #: memory plans) and lazy imports happen then, not on the user's first reads; (0, 0) = no warm-up
+    warm_up_frame_px: tuple[int, int] = (800, 600)
 
     def __post_init__(self):
         if not 64 <= self.det_max_side_px <= 4096:
@@ -64,6 +72,10 @@ class OcrConfig:
             raise ValueError(f"max_reread_fraction must be in (0, 1]; got {self.max_reread_fraction}.")
         if not 0 <= self.max_rec_cache_entries <= 100_000:
             raise ValueError(f"max_rec_cache_entries must be 0..100000; got {self.max_rec_cache_entries}.")
+        width, height = self.warm_up_frame_px
+        if (width, height) != (0, 0) and not (64 <= width <= 4096 and 64 <= height <= 4096):
+            raise ValueError(f"warm_up_frame_px must be (0, 0) (no warm-up) or two sides of 64..4096 px; "
+                             f"got {self.warm_up_frame_px}.")
 
 
 @dataclass(frozen=True)
@@ -110,16 +122,35 @@ class OcrReader:
         self._last_lines: tuple[OcrLine, ...] = ()
         self._rec_cache: dict[bytes, tuple[str, float]] = {}    # crop pixels' digest -> (text, score)
         self.num_rec_cache_hits = 0
+        self.load_s: float | None = None            # how long the last load took, its warm-up reads included
+        self.warm_up_result: ReadResult | None = None    # what the last warm-up read (for the engine's warm-up)
 
     @property
     def is_loaded(self) -> bool:
         return self._ocr is not None
 
-    def load(self) -> None:
-        """Load the detection and recognition models (from the wheel; no network). Idempotent."""
+    def load(self, warm_up: bool = True) -> None:
+        """Load the detection and recognition models (from the wheel; no network) and, with `warm_up`, read a
+        synthetic frame (`OcrConfig.warm_up_frame_px`) twice. Idempotent. A read loads them itself, without the
+        warm-up (it is the first read already)."""
         if self._ocr is None:
+            started = time.perf_counter()
             self._ocr = _load_rapidocr(self.config)
             self._rec_pool = ThreadPoolExecutor(resolved_threads(self.config), thread_name_prefix="ocr-rec")
+            if warm_up and self.config.warm_up_frame_px != (0, 0):
+                self._warm_up(warm_up_frame(*self.config.warm_up_frame_px))
+            self.load_s = time.perf_counter() - started
+
+    def _warm_up(self, frame: "Image") -> None:
+        """Read `frame` twice. onnxruntime plans a shape's memory on its first run and allocates that plan as one
+        block on the second (~70 MB for an 800x600 detection), and the recognition threads set up on first use:
+        all of it happens here, so that the first two reads of a frame this size allocate nothing new
+        (tests/test_ocr_models.py). The synthetic frame is then forgotten (not the previous frame, not cached)."""
+        for _ in range(2):
+            self.clear_cache()
+            self.warm_up_result = self.read(frame)
+        self.clear_cache()
+        self.num_rec_cache_hits = 0
 
     def reset(self) -> None:
         """Forget the previous frame: the next read is a full read."""
@@ -173,7 +204,7 @@ class OcrReader:
     # ---------------------------------------------------------------- detection + recognition
 
     def _read_regions(self, bgr: np.ndarray, regions: list[Rect]) -> list[OcrLine]:
-        self.load()
+        self.load(warm_up=False)
         small, scale = _fit(bgr, self.config.det_max_side_px)
         lines: list[OcrLine] = []
         for region in regions:
@@ -194,7 +225,7 @@ class OcrReader:
         left = max(0, math.floor(window[0] * scale)) // _DET_STRIDE * _DET_STRIDE
         top = max(0, math.floor(window[1] * scale)) // _DET_STRIDE * _DET_STRIDE
         right, bottom = min(width, math.ceil(window[2] * scale)), min(height, math.ceil(window[3] * scale))
-        quads, _ = self._ocr.text_det(_pad_for_detector(small[top:bottom, left:right]))
+        quads = detect_quads(self._ocr.text_det, _pad_for_detector(small[top:bottom, left:right]))
         if quads is None or len(quads) == 0:
             return []
         result = []
@@ -235,8 +266,8 @@ class OcrReader:
         """(text, mean confidence) of one quad's crop; runs on a recognition thread (onnxruntime and OpenCV let
         go of the GIL while they compute)."""
         crop = self._ocr.crop(bgr, quad)
-        preds = self._ocr.text_rec.session(_rec_input(crop, self.config.rec_height_px))[0]
-        text, score = self._ocr.text_rec.postprocess_op(preds)[0][:2]
+        preds = self._ocr.recognize(_rec_input(crop, self.config.rec_height_px))
+        text, score = self._ocr.rec_decode(preds)[0][:2]
         return text.strip(), round(float(score), 4)
 
     def _remember(self, key: bytes, result: tuple[str, float]) -> None:
@@ -246,6 +277,57 @@ class OcrReader:
 
 
 # -------------------------------------------------------------------- pure helpers
+
+#: the warm-up frame's lines: short and long (recognition sizes its buffers by the crop's width), three sizes
+WARM_UP_LINES = (("Warm-up frame 0123456789", 14), ("The quick brown fox jumps over the lazy dog " * 3, 12),
+                 ("File \"/tmp/x.py\", line 4, in <module>  ZeroDivisionError: division by zero", 13),
+                 ("Invoice #4411 total $1,249.00", 20), ("OK", 16))
+
+
+def warm_up_frame(width: int, height: int) -> "Image":
+    """A synthetic frame of the given size with a few lines of text (Pillow's built-in font: no font file). The
+    detector's work depends on the frame's size only, recognition's on the lines' widths: five lines do."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    image = Image.new("RGB", (width, height), (250, 250, 250))
+    draw, top = ImageDraw.Draw(image), 8
+    for line, size_px in WARM_UP_LINES:
+        if top < height - 2 * size_px:
+            draw.text((8, top), line, fill=(20, 20, 20), font=ImageFont.load_default(size_px))
+            top += size_px * 2 + 6
+    return image
+
+
+#: RapidOCR's detector ("max" limit) resizes an image whose longer side is above this; up to it, an image whose
+#: sides are multiples of 32 goes in as it is
+_DET_MAX_UNRESIZED_SIDE_PX = 2000
+
+
+def detect_quads(text_det: Any, image: np.ndarray) -> np.ndarray | None:
+    """RapidOCR's detection of `image` (BGR uint8): its quads, as `text_det(image)` finds them. On the detector's
+    grid the input is normalised here, into one float32 buffer (RapidOCR's goes through float64 and three copies:
+    ~8 ms for an 800x600 frame, here ~1 ms); with the wheel's mean and std (0.5) the values are the same, bit for
+    bit (tests/test_ocr_models.py)."""
+    height, width = image.shape[:2]
+    if height % _DET_STRIDE or width % _DET_STRIDE or max(height, width) > _DET_MAX_UNRESIZED_SIDE_PX:
+        return text_det(image)[0]
+    preds = text_det.infer(det_input(image, text_det.mean, text_det.std))[0]
+    boxes, _ = text_det.postprocess_op(preds, (height, width))
+    return text_det.filter_tag_det_res(boxes, (height, width))
+
+
+def det_input(image: np.ndarray, mean: Any, std: Any) -> np.ndarray:
+    """(image / 255 - mean) / std per channel, as a contiguous 1x3xHxW float32 array, computed in place."""
+    height, width = image.shape[:2]
+    x = np.empty((1, 3, height, width), np.float32)
+    mean, std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+    for channel in range(3):
+        plane = x[0, channel]
+        np.multiply(image[:, :, channel], np.float32(1 / 255.0), out=plane)
+        plane -= np.float32(mean[channel])
+        plane /= np.float32(std[channel])
+    return x
+
 
 def to_bgr(frame: "Image | np.ndarray") -> np.ndarray:
     """A contiguous HxWx3 BGR uint8 array (what the models read) from a PIL image or such an array."""
@@ -325,9 +407,14 @@ def reading_order(lines: list[OcrLine]) -> list[OcrLine]:
 @dataclass(frozen=True)
 class _Models:
     """The detector and the recogniser (no angle classifier: screen text is upright), and RapidOCR's crop."""
-    text_det: Any
-    text_rec: Any
+    text_det: Any                    # RapidOCR's TextDetector: its session (`infer`, simplified) and box finding
+    rec_session: Any                 # onnxruntime session of the recogniser (simplified: folding.py)
+    rec_decode: Any                  # CTC decoding of the recogniser's output -> [(text, score)]
     crop: Any                        # (bgr, quad) -> the quad's crop, upright
+    num_rewrites: dict[str, int]     # {"det": n, "rec": n}: op patterns folded away (0: the model as shipped)
+
+    def recognize(self, x: np.ndarray) -> np.ndarray:
+        return self.rec_session.run(None, {self.rec_session.get_inputs()[0].name: x})[0]
 
 
 def _load_rapidocr(config: OcrConfig) -> _Models:
@@ -337,7 +424,6 @@ def _load_rapidocr(config: OcrConfig) -> _Models:
     os.environ["ORT_DISABLE_TELEMETRY"] = "1"
     from rapidocr_onnxruntime import RapidOCR  # onnxruntime + opencv: imported on first use only
     from rapidocr_onnxruntime.ch_ppocr_det import TextDetector
-    from rapidocr_onnxruntime.ch_ppocr_rec import TextRecognizer
     from rapidocr_onnxruntime.main import DEFAULT_CFG_PATH
     from rapidocr_onnxruntime.utils import read_yaml, update_model_path
     from rapidocr_onnxruntime.utils.infer_engine import OrtInferSession
@@ -359,15 +445,42 @@ def _load_rapidocr(config: OcrConfig) -> _Models:
     OrtInferSession._init_sess_opts = staticmethod(our_options)   # during this load only
     try:
         # detection: one large image, `threads` intra-op threads; "max" never scales up (_fit scales down).
+        # The angle classifier is not loaded (RapidOCR() would: ~0.05 s).
+        det_config = {**models["Det"], "limit_type": "max", "intra_op_num_threads": threads, "inter_op_num_threads": 1}
+        text_det = TextDetector(det_config)
         # recognition: one intra-op thread per call, `threads` calls at once (onnxruntime runs a session from
-        # several threads concurrently). The angle classifier is not loaded (RapidOCR() would: ~0.05 s).
-        text_det = TextDetector({**models["Det"], "limit_type": "max", "intra_op_num_threads": threads,
-                                 "inter_op_num_threads": 1})
-        text_rec = TextRecognizer({**models["Rec"], "intra_op_num_threads": 1, "inter_op_num_threads": 1})
+        # several threads concurrently)
+        rec_config = {"intra_op_num_threads": 1, "inter_op_num_threads": 1}
+        rec_session, num_rec = _session(models["Rec"]["model_path"], our_options(rec_config), config.simplify_models)
+        if config.simplify_models:      # RapidOCR's detector keeps its pre- and post-processing, on the folded graph
+            text_det.infer.session, num_det = _session(models["Det"]["model_path"], our_options(det_config), True)
+        else:
+            num_det = 0
     finally:
         OrtInferSession._init_sess_opts = staticmethod(make_options)
     # RapidOCR's perspective crop of one quad (it reads nothing of its instance)
-    return _Models(text_det, text_rec, lambda bgr, quad: RapidOCR.get_crop_img_list(None, bgr, [quad])[0])
+    return _Models(text_det, rec_session, _ctc_decoder(rec_session), lambda bgr, quad: RapidOCR.get_crop_img_list(
+        None, bgr, [quad])[0], {"det": num_det, "rec": num_rec})
+
+
+def _session(model_path: str, options: Any, simplify: bool) -> tuple[Any, int]:
+    """An onnxruntime session of the wheel's model at `model_path`, its graph simplified (folding.py) unless
+    `simplify` is off or the onnx package is missing; and how many op patterns the simplification folded away."""
+    from onnxruntime import InferenceSession
+
+    from inference_worker.engines.ocr.folding import simplified_model
+
+    simplified = simplified_model(Path(model_path)) if simplify else None
+    session = InferenceSession(simplified.model_bytes if simplified else model_path, sess_options=options,
+                               providers=[("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})])
+    return session, simplified.num_rewrites if simplified else 0
+
+
+def _ctc_decoder(session: Any) -> Any:
+    """RapidOCR's CTC decoding with the character list stored in the model's metadata."""
+    from rapidocr_onnxruntime.ch_ppocr_rec.utils import CTCLabelDecode
+
+    return CTCLabelDecode(character=session.get_modelmeta().custom_metadata_map["character"].splitlines())
 
 
 def resolved_threads(config: OcrConfig) -> int:
