@@ -18,6 +18,7 @@ from inference_worker.protocol import parse_chat_request
 from deskeye.prompt import build_messages, deskeye_response_format
 from inference_worker.serving.service import ModelService
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
+from tests.fixtures.forward_spy import recording_forwards
 from tests.fixtures.polling import wait_until
 from tests.fixtures.worker import running_worker
 
@@ -69,18 +70,14 @@ def test_batched_rows_each_equal_their_solo_run(engine):
     assert [batched[i].completion_tokens for i in (1, 4)] == [5, 9]          # each row's own token limit
 
 
-def test_a_short_row_is_answered_while_longer_rows_still_decode(engine, monkeypatch):
-    calls, forward = [], engine.model.forward
-
-    def counting_forward(*args, **kwargs):
-        calls.append(kwargs["input_ids"].shape)
-        return forward(*args, **kwargs)
-    monkeypatch.setattr(engine.model, "forward", counting_forward)
+def test_a_short_row_is_answered_while_longer_rows_still_decode(engine):
+    calls = []
     requests = [chat_request(q, png_bytes(c), max_tokens=n)
                 for q, c, n in zip(QUESTIONS, COLORS, (40, 3, 12))]
     done = []
-    engine.run_batch([engine.prepare(r, images) for r, images in requests],
-                     lambda index, answer: done.append((index, len(calls), answer.completion_tokens)))
+    with recording_forwards(engine, lambda kwargs: calls.append(kwargs["input_ids"].shape)):
+        engine.run_batch([engine.prepare(r, images) for r, images in requests],
+                         lambda index, answer: done.append((index, len(calls), answer.completion_tokens)))
 
     assert [index for index, _, _ in done] == [1, 2, 0]
     (_, calls_short, _), (_, calls_mid, _), (_, calls_long, tokens_long) = done
@@ -95,16 +92,14 @@ def test_one_thread_calls_the_model_and_preprocessing_runs_off_it(tiny_idefics3_
 
     def load_with_spies(progress):
         engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
-        forward, prepare = engine.model.forward, engine.prepare
-
-        def spy_forward(*args, **kwargs):
-            model_threads.add(threading.current_thread().name)
-            return forward(*args, **kwargs)
+        prepare = engine.prepare
+        for module in engine.model.modules():          # every call into the model, its text decoder included
+            module.register_forward_pre_hook(lambda *_: model_threads.add(threading.current_thread().name))
 
         def spy_prepare(request, images):
             prepare_threads.add(threading.current_thread().name)
             return prepare(request, images)
-        engine.model.forward, engine.prepare = spy_forward, spy_prepare
+        engine.prepare = spy_prepare
         return engine
 
     config = WorkerConfig(max_batch_size=8, batch_window_ms=(3000, 3000, 3000), max_retries=0)

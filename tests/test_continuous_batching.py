@@ -13,6 +13,7 @@ import torch
 from inference_worker.engines.base import RowCancelled
 from inference_worker.engines.hf.engine import load_transformers_engine
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
+from tests.fixtures.forward_spy import recording_forwards
 
 KV_BYTES = 64 * 1024 * 1024
 COLORS = [(220, 30, 30), (30, 160, 60), (30, 30, 220), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
@@ -169,19 +170,15 @@ def test_finished_rows_leave_and_the_batch_shrinks_to_the_rows_still_going(engin
     """Rows leave the moment they end: the forward's batch shrinks step by step (and the cache with it)."""
     requests = [chat_request(q, png_bytes(c), max_tokens=n) for q, c, n in zip(QUESTIONS, COLORS, (18, 4, 9))]
     items = [engine.prepare(r, images) for r, images in requests]
-    shapes, forward = [], engine.model.forward
+    shapes = []
 
-    def counting_forward(*args, **kwargs):
+    def count(kwargs):
         ids = kwargs.get("input_ids")
         if ids is not None and ids.shape[1] == 1:
             shapes.append(ids.shape[0])
-        return forward(*args, **kwargs)
-    engine.model.forward = counting_forward
-    try:
-        done = []
+    done = []
+    with recording_forwards(engine, count):
         engine.run_batch(items, lambda index, answer: done.append(index))
-    finally:
-        del engine.model.forward
     assert done == [1, 2, 0]
     assert shapes == sorted(shapes, reverse=True) and shapes[0] == 3 and shapes[-1] == 1
 
@@ -256,16 +253,14 @@ def test_padded_decode_steps_hand_a_plain_attention_model_its_4d_mask_with_the_2
 
     def run(prebuilds: bool):
         ranks = seen.setdefault(prebuilds, [])
-        hook = engine.model.register_forward_pre_hook(
-            lambda module, args, kwargs: ranks.append(kwargs["attention_mask"].ndim), with_kwargs=True)
         engine.decoder.prebuilds_step_mask = prebuilds and not is_hybrid
         try:
             items = [engine.prepare(r, images) for r, images in requests]
             for item in items:
                 item.inputs.frame = None
-            return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
+            with recording_forwards(engine, lambda kwargs: ranks.append(kwargs["attention_mask"].ndim)):
+                return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
         finally:
-            hook.remove()
             engine.decoder.prebuilds_step_mask = not is_hybrid
 
     with_4d, with_2d = run(True), run(False)
@@ -276,3 +271,45 @@ def test_padded_decode_steps_hand_a_plain_attention_model_its_4d_mask_with_the_2
             finite = torch.isfinite(y)
             assert torch.equal(torch.isfinite(x), finite)
             assert torch.allclose(x[finite], y[finite], atol=1e-6, rtol=0)
+
+
+def test_decode_steps_through_the_text_decoder_give_the_wrappers_logits(engine):
+    """Decode steps call the text decoder and lm_head directly (text_path.py) where, checked at load, the pair gives
+    the model's own logits; a joining scenario run both ways gives the same tokens and logits (1e-6)."""
+    assert engine.decoder.text_path is not None
+    requests = requests_for_join()
+
+    def run(path):
+        saved, engine.decoder.text_path = engine.decoder.text_path, path
+        try:
+            items = [engine.prepare(r, images) for r, images in requests]
+            for item in items:
+                item.inputs.frame = None
+            return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
+        finally:
+            engine.decoder.text_path = saved
+
+    direct, wrapped = run(engine.decoder.text_path), run(None)
+    for index in wrapped:
+        assert direct[index].token_ids == wrapped[index].token_ids
+        for x, y in zip(direct[index].logits, wrapped[index].logits):
+            finite = torch.isfinite(y)
+            assert torch.equal(torch.isfinite(x), finite)
+            assert torch.allclose(x[finite], y[finite], atol=1e-6, rtol=0)
+
+
+def test_a_model_whose_forward_changes_the_logits_keeps_its_wrapper(engine, monkeypatch):
+    """A family that rescales or caps its logits after lm_head (Gemma-style soft-capping, say) fails the load-time
+    check, so its decode steps keep going through its own forward."""
+    from inference_worker.engines.hf.text_path import text_path
+
+    forward = engine.model.forward
+
+    def capped_forward(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = 30.0 * torch.tanh(out.logits / 30.0) + 0.5
+        return out
+    monkeypatch.setattr(engine.model, "forward", capped_forward)
+    assert text_path(engine.model, positions_kwarg=engine.decoder.plain_positions) is None
+    monkeypatch.setattr(engine.model, "forward", forward)
+    assert text_path(engine.model, positions_kwarg=engine.decoder.plain_positions) is not None

@@ -35,6 +35,7 @@ from inference_worker.engines.hf.packed_images import packs_images
 from inference_worker.engines.hf.prefill_together import PrefillTogether
 from inference_worker.engines.hf.rows import PromptInputs, Row, RowResult
 from inference_worker.engines.hf.sampling import TokenSampler, argmax_lines
+from inference_worker.engines.hf.text_path import text_path
 
 if TYPE_CHECKING:
     from inference_worker.engines.hf.frame_cache import FrameCache
@@ -98,6 +99,8 @@ class BatchDecoder(PrefillTogether):
         self.keep_logits = keep_logits
         self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
         self.prebuilds_step_mask = can_prebuild_step_mask(model)
+        #: decode steps through the text decoder and lm_head (text_path.py), where they give the model's logits
+        self.text_path = text_path(model, positions_kwarg=self.plain_positions)
         self.live_rows = 0                # rows decoding right now (EngineStats.live_rows)
         self.num_steps = 0                # batched decode steps so far
         self.num_row_steps = 0            # sum over those steps of the rows decoded: / num_steps = mean live rows
@@ -180,10 +183,14 @@ class BatchDecoder(PrefillTogether):
         live = batch.live
         last = torch.tensor([[s.tokens[-1]] for s in live], device=batch.mask.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(live), 1))], dim=1)
+        step = dict(input_ids=last, attention_mask=self._step_mask(batch), cache=batch.cache,
+                    **self._positions(batch.positions))
         with torch.inference_mode():
-            out = self.model(input_ids=last, attention_mask=self._step_mask(batch), cache=batch.cache,
-                             use_cache=True, logits_to_keep=1, **self._positions(batch.positions))
-        self._append_tokens(live, out.logits[:, -1, :], batch.grammar)
+            if self.text_path is not None:
+                logits = self.text_path(**step)
+            else:
+                logits = self.model(**step, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        self._append_tokens(live, logits, batch.grammar)
         batch.positions = batch.positions + 1
         self.num_steps += 1
         self.num_row_steps += len(live)
