@@ -57,3 +57,20 @@ def test_throughput_smoke_writes_every_section(tmp_path):
     assert serve_target["met"] is None                 # not measured in --smoke, so neither met nor missed
     for t in (t for t in found.values() if t is not serve_target):
         assert _is_number(t["ratio"]) and isinstance(t["met"], bool), t
+
+
+def test_the_speedup_target_is_the_median_of_each_rounds_own_ratio():
+    """Rounds alternate the two workers; a round pairs (ii) with the (i) measured beside it, so a machine that
+    slows down between rounds moves both numbers of a pair, not the ratio."""
+    def row(part, clients, rps, round_):
+        return throughput.LoadRow(part=part, server="s", output="json", num_clients=clients, num_requests=8,
+                                  num_ok=8, wall_s=1.0, requests_per_s=rps, tokens_per_s=1.0,
+                                  tokens_per_request=1.0, p50_ms=1.0, p95_ms=1.0, mean_batch_size=1.0,
+                                  server_queue_p50_ms=1.0, server_ttft_p50_ms=1.0, round=round_)
+    rows = [row("(i)", 1, 10.0, 0), row("(ii)", 8, 41.0, 0),       # 4.1x
+            row("(i)", 1, 5.0, 1), row("(ii)", 8, 19.0, 1),        # the machine slowed down: 3.8x
+            row("(i)", 1, 10.0, 2), row("(ii)", 8, 42.0, 2),       # 4.2x
+            row("(ii)", 4, 99.0, 0)]                               # another client count: not paired
+    batched, single, speedup = throughput.speedup_over_rounds(rows, "json", 8)
+    assert (batched, single, speedup) == (41.0, 10.0, 4.1)
+    assert throughput.speedup_over_rounds(rows, "free", 8) == (None, None, None)
