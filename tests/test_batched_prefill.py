@@ -14,6 +14,7 @@ decay to a non-zero state): the decoder never builds it, and a test shows why.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -25,6 +26,7 @@ from inference_worker.engines.hf import cache_ops
 from inference_worker.engines.hf.engine import load_transformers_engine
 from inference_worker.engines.hf.packed_images import pack_image_inputs
 from tests.fixtures.chat_requests import chat_request, png_bytes
+from tests.fixtures.forward_spy import recording_forwards
 from tests.test_continuous_batching import assert_same_logits
 
 KV_BYTES = 64 * 1024 * 1024
@@ -211,17 +213,20 @@ def solo(engine, item):
     return results[0]
 
 
-def counting_prefills(engine):
-    """Replace model.forward by one that records (batch rows, new tokens) of every multi-token forward."""
-    calls, forward = [], engine.model.forward
+@contextlib.contextmanager
+def counting_prefills(engine, *, failing_rows: int | None = None):
+    """Records (batch rows, new tokens) of every multi-token forward (the model's, and the text path's: an
+    exact hit's or a kept prefix's suffix); with `failing_rows`, a multi-token forward of that many rows fails."""
+    calls = []
 
-    def counting_forward(*args, **kwargs):
+    def count(kwargs):
         ids = kwargs.get("input_ids")
         if ids is not None and ids.shape[1] > 1:
             calls.append(tuple(ids.shape))
-        return forward(*args, **kwargs)
-    engine.model.forward = counting_forward
-    return calls
+            if ids.shape[0] == failing_rows:
+                raise RuntimeError("a batched prefill that fails")
+    with recording_forwards(engine, count):
+        yield calls
 
 
 def join(engine, items, join_at: dict[int, list[int]]):
@@ -241,11 +246,8 @@ def test_cold_joiners_prefilled_together_get_their_solo_logits_at_every_step(eng
     every step's logits within 1e-5 of each row decoded alone."""
     alone = [solo(engine, prepared(engine, i, max_tokens=16 if i == 0 else 10)) for i in range(5)]
     items = [prepared(engine, i, max_tokens=16 if i == 0 else 10) for i in range(5)]
-    calls = counting_prefills(engine)
-    try:
+    with counting_prefills(engine) as calls:
         results = join(engine, items, {2: [1, 2, 3], 5: [4]})
-    finally:
-        del engine.model.forward
     for i in range(5):
         assert_same_logits(results[i], alone[i], f"row {i}")
         assert results[i].kv_cache == "off"
@@ -265,11 +267,8 @@ def test_joiners_whose_frames_are_kept_prefill_prefixes_together_then_equal_suff
     assert suffixes[2] == suffixes[3] != suffixes[1]
     prefixes = [int(item.inputs.prefix_ids.shape[1]) for item in items]
     assert prefixes[2] != prefixes[3]                    # their merged prefixes are left-padded
-    calls = counting_prefills(engine)
-    try:
+    with counting_prefills(engine) as calls:
         results = join(engine, items, {2: [1, 2, 3]})
-    finally:
-        del engine.model.forward
     for i in range(4):
         assert_same_logits(results[i], alone[i], f"row {i}")
         assert results[i].kv_cache == "miss"
@@ -288,11 +287,8 @@ def test_an_exact_hit_joining_with_cold_rows_prefills_only_its_suffix_beside_the
     alone = [solo(engine, prepared(engine, i)) for i in range(4)]
     solo(engine, prepared(engine, 3, is_kept=True))          # row 3's frame is now cached
     items = [prepared(engine, i, is_kept=True) for i in range(4)]
-    calls = counting_prefills(engine)
-    try:
+    with counting_prefills(engine) as calls:
         results = join(engine, items, {2: [1, 2, 3]})
-    finally:
-        del engine.model.forward
     prefixes = [int(item.inputs.prefix_ids.shape[1]) for item in items]
     suffixes = [int(item.inputs.suffix_ids.shape[1]) for item in items]
     assert calls == [(1, prefixes[0]), (1, suffixes[0]),
@@ -311,21 +307,9 @@ def test_a_failing_group_forward_leaves_its_rows_prefilled_alone(engine, is_kept
     engine.frame_cache.clear()
     alone = [solo(engine, prepared(engine, i)) for i in range(4)]
     items = [prepared(engine, i, is_kept=is_kept) for i in range(4)]
-    failing_rows = 2 if is_kept else 3
-    calls, forward = [], engine.model.forward
-
-    def failing_forward(*args, **kwargs):
-        ids = kwargs.get("input_ids")
-        if ids is not None and ids.shape[1] > 1:
-            calls.append(ids.shape[0])
-            if ids.shape[0] == failing_rows:
-                raise RuntimeError("a batched prefill that fails")
-        return forward(*args, **kwargs)
-    engine.model.forward = failing_forward
-    try:
+    with counting_prefills(engine, failing_rows=2 if is_kept else 3) as shapes:
         results = join(engine, items, {2: [1, 2, 3]})
-    finally:
-        del engine.model.forward
+    calls = [rows for rows, _ in shapes]
     group = [3, 1, 2] if is_kept else [3]                # kept: prefixes (3 rows), suffix of 47 alone, the pair fails
     per_row = [1, 1] if is_kept else [1]                 # each row alone: prefix then suffix, or the whole prompt
     assert calls == per_row + group + per_row * 3

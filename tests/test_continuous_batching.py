@@ -106,17 +106,13 @@ def test_a_row_joining_on_an_exact_frame_hit_prefills_only_its_suffix_and_matche
     warm = engine.prepare(first, first_images)
     engine.run_batch([warm], lambda index, answer: None)               # stores the frame's prefix
     items = [engine.prepare(long, long_images), engine.prepare(other, other_images)]
-    forwards, forward = [], engine.model.forward
+    forwards = []
 
-    def counting_forward(*args, **kwargs):
+    def count(kwargs):
         ids = kwargs.get("input_ids")
         forwards.append(None if ids is None else tuple(ids.shape))
-        return forward(*args, **kwargs)
-    engine.model.forward = counting_forward
-    try:
+    with recording_forwards(engine, count):
         results = joining(engine, items, {3: [1]})
-    finally:
-        del engine.model.forward
 
     assert results[1].kv_cache == "exact"
     assert_same_logits(results[1], alone, "exact-hit joiner")

@@ -99,7 +99,8 @@ class BatchDecoder(PrefillTogether):
         self.keep_logits = keep_logits
         self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
         self.prebuilds_step_mask = can_prebuild_step_mask(model)
-        #: decode steps through the text decoder and lm_head (text_path.py), where they give the model's logits
+        #: decode steps and text-only forwards through the text decoder and lm_head (text_path.py), where they give
+        #: the model's logits
         self.text_path = text_path(model, positions_kwarg=self.plain_positions)
         self.live_rows = 0                # rows decoding right now (EngineStats.live_rows)
         self.num_steps = 0                # batched decode steps so far
@@ -368,6 +369,10 @@ class BatchDecoder(PrefillTogether):
         device = ids.device if ids is not None else embeds.device
         mask = torch.ones((1, num_past + length), dtype=torch.long, device=device)
         positions = torch.arange(num_past, num_past + length, device=device).unsqueeze(0)
+        if ids is not None and not vision and self.text_path is not None:     # text only: an exact hit's suffix
+            with torch.inference_mode():
+                logits = self.text_path(input_ids=ids, attention_mask=mask, cache=cache, **self._positions(positions))
+            return cache, logits[0]
         tokens = {"input_ids": ids} if ids is not None else {"inputs_embeds": embeds}
         with torch.inference_mode():
             out = self.model(**tokens, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1,

@@ -1,9 +1,9 @@
-"""Decode steps through the model's text decoder and lm_head directly, not through the multimodal wrapper.
+"""Decode steps (and text-only forwards) through the model's text decoder and lm_head, not the multimodal wrapper.
 
-A decode step feeds one token per row and no image, so the wrapper's forward (Idefics3, LLaVA, MiniCPM-V:
+A decode step feeds one token per row and no image (nor does an exact frame hit's suffix), so the wrapper's forward (Idefics3, LLaVA, MiniCPM-V:
 image merging, output capturing, keyword plumbing) only adds Python around the same two calls: about a tenth of a
 tiny model's step on the CPU. The pair is used only where it gives the wrapper's own logits, which `text_path`
-checks once at load on a short decode (a family that rescales or caps its logits fails the check and keeps the
+checks once at load on a short text-only prefill and decode (a family that rescales or caps its logits fails the check and keeps the
 wrapper)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class TextPath:
 
 def text_path(model: Any, *, positions_kwarg: bool) -> TextPath | None:
     """The model's TextPath when its decoder and lm_head give the wrapper's logits on a short decode (two tokens,
-    then one), else None. `positions_kwarg`: the decoder is given position_ids (plain positions)."""
+    then two, then one), else None. `positions_kwarg`: the decoder is given position_ids (plain positions)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if decoder is None or head is None or decoder is model:
@@ -52,18 +52,22 @@ def text_path(model: Any, *, positions_kwarg: bool) -> TextPath | None:
 
 
 def _gives_same_logits(model: Any, path: TextPath, positions_kwarg: bool) -> bool:
-    ids = torch.tensor([_plain_token_ids(model.config, 3)], device=model.device)
-    logits = []
+    """Two tokens through the model, then two more (a text-only forward after a cached prefix) and one more (a
+    decode step), each through the model and through the path: the same logits?"""
+    ids = torch.tensor([_plain_token_ids(model.config, 5)], device=model.device)
+    logits: dict[bool, list[torch.Tensor]] = {}
     for use_path in (False, True):
         cache = DynamicCache(config=model.config)
         with torch.inference_mode():
             model(input_ids=ids[:, :2], attention_mask=torch.ones_like(ids[:, :2]), cache=cache, use_cache=True,
                   **_positions(0, 2, ids.device, positions_kwarg))
-            step = dict(input_ids=ids[:, 2:], attention_mask=torch.ones_like(ids), cache=cache,
-                        **_positions(2, 3, ids.device, positions_kwarg))
-            logits.append((path(**step) if use_path else model(**step, use_cache=True).logits[:, -1, :]).float())
-    return logits[0].shape == logits[1].shape and bool(
-        (logits[0] - logits[1]).abs().max() <= MAX_LOGIT_DIFFERENCE * max(1.0, float(logits[0].abs().max())))
+            for start, end in ((2, 4), (4, 5)):
+                step = dict(input_ids=ids[:, start:end], attention_mask=torch.ones_like(ids[:, :end]), cache=cache,
+                            **_positions(start, end, ids.device, positions_kwarg))
+                out = path(**step) if use_path else model(**step, use_cache=True).logits[:, -1, :]
+                logits.setdefault(use_path, []).append(out.float())
+    return all(a.shape == b.shape and bool((a - b).abs().max() <= MAX_LOGIT_DIFFERENCE * max(1.0, float(a.abs().max())))
+               for a, b in zip(logits[False], logits[True]))
 
 
 def _positions(start: int, end: int, device: torch.device, positions_kwarg: bool) -> dict[str, torch.Tensor]:
