@@ -251,19 +251,30 @@ def test_padded_decode_steps_hand_a_plain_attention_model_its_4d_mask_with_the_2
         ranks = seen.setdefault(prebuilds, [])
         engine.decoder.prebuilds_step_mask = prebuilds and not is_hybrid
         try:
-            items = [engine.prepare(r, images) for r, images in requests]
-            for item in items:
-                item.inputs.frame = None
             with recording_forwards(engine, lambda kwargs: ranks.append(kwargs["attention_mask"].ndim)):
-                return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
+                return cold_joins(engine, requests)
         finally:
             engine.decoder.prebuilds_step_mask = not is_hybrid
 
     with_4d, with_2d = run(True), run(False)
     assert (4 in seen[True]) == (not is_hybrid) and 4 not in seen[False]
-    for index in with_2d:
-        assert with_4d[index].token_ids == with_2d[index].token_ids
-        for x, y in zip(with_4d[index].logits, with_2d[index].logits):
+    assert_same_runs(with_4d, with_2d)
+
+
+def cold_joins(engine, requests):
+    """The requests cold (no frame reuse), row 0 alone first and the others joining mid-decode."""
+    items = [engine.prepare(r, images) for r, images in requests]
+    for item in items:
+        item.inputs.frame = None
+    return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
+
+
+def assert_same_runs(results, reference) -> None:
+    """Every row: the same tokens and, step by step, the same allowed tokens and logits (1e-6)."""
+    assert sorted(results) == sorted(reference)
+    for index in reference:
+        assert results[index].token_ids == reference[index].token_ids
+        for x, y in zip(results[index].logits, reference[index].logits):
             finite = torch.isfinite(y)
             assert torch.equal(torch.isfinite(x), finite)
             assert torch.allclose(x[finite], y[finite], atol=1e-6, rtol=0)
@@ -278,20 +289,11 @@ def test_decode_steps_through_the_text_decoder_give_the_wrappers_logits(engine):
     def run(path):
         saved, engine.decoder.text_path = engine.decoder.text_path, path
         try:
-            items = [engine.prepare(r, images) for r, images in requests]
-            for item in items:
-                item.inputs.frame = None
-            return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
+            return cold_joins(engine, requests)
         finally:
             engine.decoder.text_path = saved
 
-    direct, wrapped = run(engine.decoder.text_path), run(None)
-    for index in wrapped:
-        assert direct[index].token_ids == wrapped[index].token_ids
-        for x, y in zip(direct[index].logits, wrapped[index].logits):
-            finite = torch.isfinite(y)
-            assert torch.equal(torch.isfinite(x), finite)
-            assert torch.allclose(x[finite], y[finite], atol=1e-6, rtol=0)
+    assert_same_runs(run(engine.decoder.text_path), run(None))
 
 
 def test_a_model_whose_forward_changes_the_logits_keeps_its_wrapper(engine, monkeypatch):
