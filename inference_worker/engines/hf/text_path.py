@@ -1,10 +1,11 @@
 """Decode steps (and text-only forwards) through the model's text decoder and lm_head, not the multimodal wrapper.
 
-A decode step feeds one token per row and no image (nor does an exact frame hit's suffix), so the wrapper's forward (Idefics3, LLaVA, MiniCPM-V:
-image merging, output capturing, keyword plumbing) only adds Python around the same two calls: about a tenth of a
-tiny model's step on the CPU. The pair is used only where it gives the wrapper's own logits, which `text_path`
-checks once at load on a short text-only prefill and decode (a family that rescales or caps its logits fails the check and keeps the
-wrapper)."""
+A decode step feeds one token per row and no image (nor does an exact frame hit's suffix), so the wrapper's
+forward (Idefics3, LLaVA, MiniCPM-V: image merging, output capturing, keyword plumbing) only adds Python around the
+same two calls: about a tenth of a tiny model's step on the CPU. The pair is used only where it gives the wrapper's
+own logits, which `text_path` checks once at load on a short text-only prefill and decode (a family that rescales
+or caps its logits fails the check and keeps the wrapper).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from transformers import DynamicCache
 
 log = logging.getLogger("deskeye.worker")
 
-#: how close the pair's logits must be to the wrapper's (float32 logits of one decode step)
+#: how close the pair's logits must be to the wrapper's (float32, relative to the largest logit when above 1)
 MAX_LOGIT_DIFFERENCE = 1e-4
 
 
@@ -66,8 +67,12 @@ def _gives_same_logits(model: Any, path: TextPath, positions_kwarg: bool) -> boo
                             **_positions(start, end, ids.device, positions_kwarg))
                 out = path(**step) if use_path else model(**step, use_cache=True).logits[:, -1, :]
                 logits.setdefault(use_path, []).append(out.float())
-    return all(a.shape == b.shape and bool((a - b).abs().max() <= MAX_LOGIT_DIFFERENCE * max(1.0, float(a.abs().max())))
-               for a, b in zip(logits[False], logits[True]))
+    return all(_is_close(a, b) for a, b in zip(logits[False], logits[True]))
+
+
+def _is_close(wrapped: torch.Tensor, direct: torch.Tensor) -> bool:
+    scale = max(1.0, float(wrapped.abs().max()))
+    return wrapped.shape == direct.shape and bool((wrapped - direct).abs().max() <= MAX_LOGIT_DIFFERENCE * scale)
 
 
 def _positions(start: int, end: int, device: torch.device, positions_kwarg: bool) -> dict[str, torch.Tensor]:
