@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inference_worker.engines.ocr import models as ocr_models
 from inference_worker.engines.ocr import reader as ocr_reader
 from inference_worker.engines.ocr.reader import OcrConfig, OcrReader
 
@@ -54,7 +55,7 @@ def crops_of(reader: OcrReader, image) -> list[np.ndarray]:
     """The recogniser's inputs for every line the detector finds in `image`."""
     bgr = ocr_reader.to_bgr(image)
     quads = reader._detect(bgr, 1.0, (0, 0, bgr.shape[1], bgr.shape[0]))
-    return [ocr_reader._rec_input(reader._ocr.crop(bgr, quad), reader.config.rec_height_px) for quad in quads]
+    return [ocr_models.rec_input(reader._ocr.crop(bgr, quad), reader.config.rec_height_px) for quad in quads]
 
 
 @pytest.fixture(scope="module")
@@ -111,28 +112,28 @@ def test_the_simplified_graphs_have_the_per_pixel_passes_folded_away(model):
 def test_the_simplified_detector_finds_the_boxes_the_wheels_model_finds(readers):
     shipped, simplified = readers
     for image in (render_screen(), render_screen(1024, 768)):
-        image = ocr_reader._pad_for_detector(ocr_reader.to_bgr(image))
+        image = ocr_models.pad_for_detector(ocr_reader.to_bgr(image))
         theirs = shipped._ocr.text_det(image)[0]
-        ours = ocr_reader.detect_quads(simplified._ocr.text_det, image)
+        ours = ocr_models.detect_quads(simplified._ocr.text_det, image)
         assert len(ours) == len(theirs) >= len(LINES) and float(np.abs(ours - theirs).max()) <= 1.0
 
 
 def test_the_detector_input_is_rapidocrs_bit_for_bit_and_so_are_its_quads(readers):
     _, reader = readers
     detector = reader._ocr.text_det
-    image = ocr_reader._pad_for_detector(ocr_reader.to_bgr(render_screen()))
+    image = ocr_models.pad_for_detector(ocr_reader.to_bgr(render_screen()))
     theirs = detector.get_preprocess(max(image.shape[:2]))(image)
-    ours = ocr_reader.det_input(image, detector.mean, detector.std)
+    ours = ocr_models.det_input(image, detector.mean, detector.std)
     assert ours.dtype == np.float32 and ours.flags.c_contiguous
     assert ours.shape == theirs.shape and np.array_equal(ours, theirs)
-    their_quads, our_quads = detector(image)[0], ocr_reader.detect_quads(detector, image)   # the same session
+    their_quads, our_quads = detector(image)[0], ocr_models.detect_quads(detector, image)   # the same session
     assert len(our_quads) >= len(LINES) and np.array_equal(our_quads, their_quads)
 
 
 def test_a_frame_off_the_detectors_grid_is_detected_by_rapidocr_itself(readers):
     _, reader = readers
     image = ocr_reader.to_bgr(render_screen(790, 590))                   # not multiples of 32: RapidOCR resizes
-    assert np.array_equal(ocr_reader.detect_quads(reader._ocr.text_det, image), reader._ocr.text_det(image)[0])
+    assert np.array_equal(ocr_models.detect_quads(reader._ocr.text_det, image), reader._ocr.text_det(image)[0])
 
 
 FIRST_ANSWERS = textwrap.dedent("""

@@ -1,7 +1,7 @@
 """Read the text on a screen frame with RapidOCR, re-reading only the parts that changed.
 
-The models are the PP-OCRv4 detector and recogniser shipped inside the rapidocr-onnxruntime wheel:
-nothing is downloaded, ever. They load on the first read, not at import. The reader keeps the
+The models are the PP-OCRv4 detector and recogniser shipped inside the rapidocr-onnxruntime wheel
+(models.py): nothing is downloaded, ever. They load on the first read (or `load`), not at import. The reader keeps the
 previous frame and its lines; when a new frame of the same size differs only in a few regions, only
 those regions are detected and recognised again and every other line is kept. One thread (the
 worker's model thread) owns a reader: it is not thread-safe.
@@ -10,20 +10,20 @@ worker's model thread) owns a reader: it is not thread-safe.
 from __future__ import annotations
 
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from inference_worker.engines.ocr.models import (DET_STRIDE, Models, detect_quads, load_models, pad_for_detector,
+                                                 rec_input, resolved_threads)
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
 Rect = tuple[int, int, int, int]   # left, top, right, bottom in frame pixels (right/bottom exclusive)
-_DET_STRIDE = 32                   # the detector's input grid: sides are multiples of this
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class OcrReader:
 
     def __init__(self, config: OcrConfig | None = None):
         self.config = config or OcrConfig()
-        self._ocr: _Models | None = None           # RapidOCR's detector and recogniser, loaded on first use
+        self._ocr: Models | None = None           # RapidOCR's detector and recogniser, loaded on first use
         self._rec_pool: ThreadPoolExecutor | None = None    # recognises crops side by side during one read
         self._last_frame: np.ndarray | None = None
         self._last_lines: tuple[OcrLine, ...] = ()
@@ -135,8 +135,8 @@ class OcrReader:
         warm-up (it is the first read already)."""
         if self._ocr is None:
             started = time.perf_counter()
-            self._ocr = _load_rapidocr(self.config)
-            self._rec_pool = ThreadPoolExecutor(resolved_threads(self.config), thread_name_prefix="ocr-rec")
+            self._ocr = load_models(self.config.num_threads, simplify=self.config.simplify_models)
+            self._rec_pool = ThreadPoolExecutor(resolved_threads(self.config.num_threads), thread_name_prefix="ocr-rec")
             if warm_up and self.config.warm_up_frame_px != (0, 0):
                 self._warm_up(warm_up_frame(*self.config.warm_up_frame_px))
             self.load_s = time.perf_counter() - started
@@ -222,10 +222,10 @@ class OcrReader:
         which recognition at `rec_height_px` shrugs off (tests/test_ocr_engine.py checks the text).
         """
         height, width = small.shape[:2]
-        left = max(0, math.floor(window[0] * scale)) // _DET_STRIDE * _DET_STRIDE
-        top = max(0, math.floor(window[1] * scale)) // _DET_STRIDE * _DET_STRIDE
+        left = max(0, math.floor(window[0] * scale)) // DET_STRIDE * DET_STRIDE
+        top = max(0, math.floor(window[1] * scale)) // DET_STRIDE * DET_STRIDE
         right, bottom = min(width, math.ceil(window[2] * scale)), min(height, math.ceil(window[3] * scale))
-        quads = detect_quads(self._ocr.text_det, _pad_for_detector(small[top:bottom, left:right]))
+        quads = detect_quads(self._ocr.text_det, pad_for_detector(small[top:bottom, left:right]))
         if quads is None or len(quads) == 0:
             return []
         result = []
@@ -266,7 +266,7 @@ class OcrReader:
         """(text, mean confidence) of one quad's crop; runs on a recognition thread (onnxruntime and OpenCV let
         go of the GIL while they compute)."""
         crop = self._ocr.crop(bgr, quad)
-        preds = self._ocr.recognize(_rec_input(crop, self.config.rec_height_px))
+        preds = self._ocr.recognize(rec_input(crop, self.config.rec_height_px))
         text, score = self._ocr.rec_decode(preds)[0][:2]
         return text.strip(), round(float(score), 4)
 
@@ -296,37 +296,6 @@ def warm_up_frame(width: int, height: int) -> "Image":
             draw.text((8, top), line, fill=(20, 20, 20), font=ImageFont.load_default(size_px))
             top += size_px * 2 + 6
     return image
-
-
-#: RapidOCR's detector ("max" limit) resizes an image whose longer side is above this; up to it, an image whose
-#: sides are multiples of 32 goes in as it is
-_DET_MAX_UNRESIZED_SIDE_PX = 2000
-
-
-def detect_quads(text_det: Any, image: np.ndarray) -> np.ndarray | None:
-    """RapidOCR's detection of `image` (BGR uint8): its quads, as `text_det(image)` finds them. On the detector's
-    grid the input is normalised here, into one float32 buffer (RapidOCR's goes through float64 and three copies:
-    ~8 ms for an 800x600 frame, here ~1 ms); with the wheel's mean and std (0.5) the values are the same, bit for
-    bit (tests/test_ocr_models.py)."""
-    height, width = image.shape[:2]
-    if height % _DET_STRIDE or width % _DET_STRIDE or max(height, width) > _DET_MAX_UNRESIZED_SIDE_PX:
-        return text_det(image)[0]
-    preds = text_det.infer(det_input(image, text_det.mean, text_det.std))[0]
-    boxes, _ = text_det.postprocess_op(preds, (height, width))
-    return text_det.filter_tag_det_res(boxes, (height, width))
-
-
-def det_input(image: np.ndarray, mean: Any, std: Any) -> np.ndarray:
-    """(image / 255 - mean) / std per channel, as a contiguous 1x3xHxW float32 array, computed in place."""
-    height, width = image.shape[:2]
-    x = np.empty((1, 3, height, width), np.float32)
-    mean, std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
-    for channel in range(3):
-        plane = x[0, channel]
-        np.multiply(image[:, :, channel], np.float32(1 / 255.0), out=plane)
-        plane -= np.float32(mean[channel])
-        plane /= np.float32(std[channel])
-    return x
 
 
 def to_bgr(frame: "Image | np.ndarray") -> np.ndarray:
@@ -404,91 +373,6 @@ def reading_order(lines: list[OcrLine]) -> list[OcrLine]:
     return [line for row in rows for line in sorted(row, key=lambda ln: ln.box[0])]
 
 
-@dataclass(frozen=True)
-class _Models:
-    """The detector and the recogniser (no angle classifier: screen text is upright), and RapidOCR's crop."""
-    text_det: Any                    # RapidOCR's TextDetector: its session (`infer`, simplified) and box finding
-    rec_session: Any                 # onnxruntime session of the recogniser (simplified: folding.py)
-    rec_decode: Any                  # CTC decoding of the recogniser's output -> [(text, score)]
-    crop: Any                        # (bgr, quad) -> the quad's crop, upright
-    num_rewrites: dict[str, int]     # {"det": n, "rec": n}: op patterns folded away (0: the model as shipped)
-
-    def recognize(self, x: np.ndarray) -> np.ndarray:
-        return self.rec_session.run(None, {self.rec_session.get_inputs()[0].name: x})[0]
-
-
-def _load_rapidocr(config: OcrConfig) -> _Models:
-    # onnxruntime >= 1.29 ships telemetry on Linux too: it writes a device id under ~/.cache/Microsoft and
-    # queues usage events for upload. DeskEye promises that nothing leaves the machine, so opt out before
-    # onnxruntime initialises (the variable is read once per process).
-    os.environ["ORT_DISABLE_TELEMETRY"] = "1"
-    from rapidocr_onnxruntime import RapidOCR  # onnxruntime + opencv: imported on first use only
-    from rapidocr_onnxruntime.ch_ppocr_det import TextDetector
-    from rapidocr_onnxruntime.main import DEFAULT_CFG_PATH
-    from rapidocr_onnxruntime.utils import read_yaml, update_model_path
-    from rapidocr_onnxruntime.utils.infer_engine import OrtInferSession
-
-    threads = resolved_threads(config)
-    make_options = OrtInferSession._init_sess_opts
-
-    def our_options(session_config: dict) -> Any:
-        # Idle onnxruntime threads spin by default: on two shared cores that burns the CPU the app and
-        # the capture loop need, for no gain in latency (benchmarks/ocr_latency.py, cpu_s column).
-        options = make_options(session_config)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # RapidOCR turns the memory arena off: every read then allocates the detector's feature maps afresh,
-        # ~25% of its time on an 800x600 frame; with the arena they are reused (it keeps the largest frame's)
-        options.enable_cpu_mem_arena = True
-        return options
-
-    models = update_model_path(read_yaml(DEFAULT_CFG_PATH))     # the wheel's own model files and settings
-    OrtInferSession._init_sess_opts = staticmethod(our_options)   # during this load only
-    try:
-        # detection: one large image, `threads` intra-op threads; "max" never scales up (_fit scales down).
-        # The angle classifier is not loaded (RapidOCR() would: ~0.05 s).
-        det_config = {**models["Det"], "limit_type": "max", "intra_op_num_threads": threads, "inter_op_num_threads": 1}
-        text_det = TextDetector(det_config)
-        # recognition: one intra-op thread per call, `threads` calls at once (onnxruntime runs a session from
-        # several threads concurrently)
-        rec_config = {"intra_op_num_threads": 1, "inter_op_num_threads": 1}
-        rec_session, num_rec = _session(models["Rec"]["model_path"], our_options(rec_config), config.simplify_models)
-        if config.simplify_models:      # RapidOCR's detector keeps its pre- and post-processing, on the folded graph
-            text_det.infer.session, num_det = _session(models["Det"]["model_path"], our_options(det_config), True)
-        else:
-            num_det = 0
-    finally:
-        OrtInferSession._init_sess_opts = staticmethod(make_options)
-    # RapidOCR's perspective crop of one quad (it reads nothing of its instance)
-    return _Models(text_det, rec_session, _ctc_decoder(rec_session), lambda bgr, quad: RapidOCR.get_crop_img_list(
-        None, bgr, [quad])[0], {"det": num_det, "rec": num_rec})
-
-
-def _session(model_path: str, options: Any, simplify: bool) -> tuple[Any, int]:
-    """An onnxruntime session of the wheel's model at `model_path`, its graph simplified (folding.py) unless
-    `simplify` is off or the onnx package is missing; and how many op patterns the simplification folded away."""
-    from onnxruntime import InferenceSession
-
-    from inference_worker.engines.ocr.folding import simplified_model
-
-    simplified = simplified_model(Path(model_path)) if simplify else None
-    session = InferenceSession(simplified.model_bytes if simplified else model_path, sess_options=options,
-                               providers=[("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})])
-    return session, simplified.num_rewrites if simplified else 0
-
-
-def _ctc_decoder(session: Any) -> Any:
-    """RapidOCR's CTC decoding with the character list stored in the model's metadata."""
-    from rapidocr_onnxruntime.ch_ppocr_rec.utils import CTCLabelDecode
-
-    return CTCLabelDecode(character=session.get_modelmeta().custom_metadata_map["character"].splitlines())
-
-
-def resolved_threads(config: OcrConfig) -> int:
-    """The threads one read uses: `num_threads`, at most one per CPU (0 = one per CPU)."""
-    cpus = os.cpu_count() or 1
-    return min(config.num_threads, cpus) if config.num_threads else cpus
-
-
 def _text_key(bgr: np.ndarray, rect: Rect) -> bytes:
     """A digest of the text's own pixels: the line's box in the frame, trimmed to its ink (what differs from
     the box's border colour), so the same text drawn elsewhere, or boxed a pixel wider, has the same key."""
@@ -505,15 +389,6 @@ def _text_key(bgr: np.ndarray, rect: Rect) -> bytes:
                            person=f"{patch.shape[0]}x{patch.shape[1]}".encode()[:16]).digest()
 
 
-def _rec_input(crop: np.ndarray, height_px: int) -> np.ndarray:
-    import cv2
-
-    crop_h, crop_w = crop.shape[:2]
-    width_px = max(height_px // 2, int(math.ceil(height_px * crop_w / max(1, crop_h))))
-    x = cv2.resize(crop, (width_px, height_px)).astype(np.float32).transpose(2, 0, 1)
-    return ((x / 255.0 - 0.5) / 0.5)[np.newaxis]
-
-
 def _fit(image: np.ndarray, max_side_px: int) -> tuple[np.ndarray, float]:
     """`image` scaled down so that its longer side is at most `max_side_px`, and the scale used."""
     import cv2
@@ -523,25 +398,6 @@ def _fit(image: np.ndarray, max_side_px: int) -> tuple[np.ndarray, float]:
         return image, 1.0
     size = (max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale)))
     return cv2.resize(image, size, interpolation=cv2.INTER_AREA), scale
-
-
-def _pad_for_detector(region: np.ndarray) -> np.ndarray:
-    """Pad right and bottom with the border colour to the detector's grid (multiples of 32, so it is
-    not resized) and to a sane aspect ratio (it misreads thin strips: height >= width / 8)."""
-    import cv2
-
-    height, width = region.shape[:2]
-    target_h = _round_up(max(height, 64, math.ceil(width / 8)), _DET_STRIDE)
-    target_w = _round_up(max(width, 64, math.ceil(height / 8)), _DET_STRIDE)
-    if (target_h, target_w) == (height, width):
-        return region
-    border = np.concatenate([region[0], region[-1], region[:, 0], region[:, -1]])
-    colour = tuple(int(c) for c in np.median(border, axis=0))
-    return cv2.copyMakeBorder(region, 0, target_h - height, 0, target_w - width, cv2.BORDER_CONSTANT, value=colour)
-
-
-def _round_up(value: int, step: int) -> int:
-    return -(-value // step) * step
 
 
 def _whole(bgr: np.ndarray) -> Rect:
