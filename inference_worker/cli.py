@@ -118,6 +118,11 @@ def _add_batching_options(g) -> None:
     g.add_argument("--preprocess-threads", type=int, default=2, metavar="N",
                    help="threads that decode images and run the processor while the model generates "
                         "(default: %(default)s)")
+    g.add_argument("--prepare-processes", type=int, default=0, metavar="N",
+                   help="child processes that run the processor for those threads, so it does not hold up the "
+                        "model thread: worth it with many clients at once on few CPU cores; each child costs "
+                        "memory (torch and the processor) and a few seconds at start (default: %(default)s: "
+                        "none, the threads run it)")
 
 
 def _add_kv_reuse_options(g) -> None:

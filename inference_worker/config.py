@@ -55,6 +55,7 @@ class WorkerConfig:
     batch_window_ms: tuple[float, float, float] = DEFAULT_BATCH_WINDOW_MS
     load_thresholds_pct: tuple[float, float] = DEFAULT_LOAD_THRESHOLDS_PCT
     preprocess_threads: int = 2          # threads decoding images and running the processor
+    prepare_processes: int = 0           # child processes running the processor for those threads (0 = none)
     kv_reuse: bool = True                # keep each frame's prefix KV and reuse it (exact level)
     kv_cache_mb: int = DEFAULT_KV_CACHE_MB
     kv_similar: bool = True              # also reuse a near-identical frame's KV (an approximation)
@@ -97,6 +98,8 @@ class WorkerConfig:
                "two percentages LOW,HIGH with 0 <= LOW <= HIGH <= 100, e.g. 30,70", low_high)
         _check(1 <= self.preprocess_threads <= 32, "--preprocess-threads", "an integer from 1 to 32",
                self.preprocess_threads)
+        _check(0 <= self.prepare_processes <= 16, "--prepare-processes", "an integer from 0 to 16 (0 = none)",
+               self.prepare_processes)
         _check(self.kv_cache_mb >= 0, "--kv-cache-mb", "an integer >= 0 (0 = no KV reuse)", self.kv_cache_mb)
         _check(0 < self.kv_similar_threshold <= 0.5, "--kv-similar-threshold",
                "a share of changed cells above 0 and at most 0.5", self.kv_similar_threshold)

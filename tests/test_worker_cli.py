@@ -57,6 +57,7 @@ def test_parsed_flags_build_the_config():
     (["--max-retries", "99"], ["--max-retries", "from 0 to 10"]),
     (["--engine", "transformers"], ["--model", "needs one"]),
     (["--max-image-pixels", "10"], ["--max-image-pixels"]),
+    (["--prepare-processes", "17"], ["--prepare-processes", "from 0 to 16"]),
 ])
 def test_bad_options_give_one_line_and_status_2(args, words):
     result = run_cli(*args)

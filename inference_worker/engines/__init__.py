@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from inference_worker.config import DEFAULT_MAX_IMAGE_PIXELS
+
 if TYPE_CHECKING:
     from inference_worker.config import WorkerConfig
     from inference_worker.engines.base import Engine
@@ -37,12 +39,16 @@ class EngineOptions:
     num_threads: int | None = None
     kv_cache_bytes: int = 0                       # frame KV (or vision features) budget; counted in the VRAM check
     kv_similar_threshold: float | None = None     # None: the similar level is off
+    prepare_processes: int = 0                    # processes running the processor (0: the preprocessing threads)
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS   # the worker's --max-image-pixels, which those processes apply
 
     def __post_init__(self):
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 (or None for torch's default); got {self.num_threads}.")
         if self.kv_cache_bytes < 0:
             raise ValueError(f"kv_cache_bytes must be >= 0 (0 = off); got {self.kv_cache_bytes}.")
+        if self.prepare_processes < 0:
+            raise ValueError(f"prepare_processes must be >= 0 (0 = threads); got {self.prepare_processes}.")
 
 
 @dataclass(frozen=True)
@@ -147,5 +153,6 @@ def _load_transformers(config: "WorkerConfig", progress: Callable[[str], None]) 
     progress(f"loading {config.model}")
     options = EngineOptions(device=config.device, dtype=config.dtype, use_grammar=config.use_grammar,
                             num_threads=config.num_threads or None, kv_cache_bytes=config.kv_cache_bytes,
-                            kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None)
+                            kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None,
+                            prepare_processes=config.prepare_processes, max_image_pixels=config.max_image_pixels)
     return load_hf_engine(config.model, options, progress=sys.stderr.isatty())   # a tqdm bar for people only

@@ -56,7 +56,8 @@ class EngineStats:
 
 class Engine(ABC):
     """What the service calls: `prepare` (preprocessing threads), `run_batch`, `after_call` and `close` (the
-    model thread), `device`, `stats()`. Nothing else: the service never probes an engine for attributes."""
+    model thread), `device`, `stats()`, and the flags declared here (`can_batch`, `decodes_images`). Nothing else:
+    the service never probes an engine for attributes."""
 
     #: the name reported by GET /v1/models and in responses
     model_name: str = "deskeye"
@@ -66,6 +67,9 @@ class Engine(ABC):
     num_cuda_empty_cache_calls: int = 0
     #: whether run_batch decodes requests together (else the worker hands it one request at a time)
     can_batch: bool = False
+    #: whether `prepare` decodes the request's images itself (the service then passes images=None): an engine
+    #: whose preprocessing runs in other processes, which take the encoded files rather than decoded pixels
+    decodes_images: bool = False
 
     @abstractmethod
     def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
@@ -75,8 +79,9 @@ class Engine(ABC):
         (the service validates it and retries); a hit token limit is reported as finish_reason="length".
         """
 
-    def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
-        """Everything that can happen before the model (processor, tokenizing); runs on a pool thread."""
+    def prepare(self, request: ChatRequest, images: list["Image"] | None) -> Prepared:
+        """Everything that can happen before the model (processor, tokenizing); runs on a pool thread. `images`
+        is None only for an engine that `decodes_images`."""
         return Prepared(request, images)
 
     def complete_prepared(self, item: Prepared) -> Completion:

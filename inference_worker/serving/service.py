@@ -165,7 +165,8 @@ class ModelService:
             self._settle(job, ServiceError("The worker is shutting down.", status=503, code="shutting_down"))
             return
         try:
-            images = decode_request_images(job.request, self._config.max_image_pixels)
+            images = None if self.engine.decodes_images else decode_request_images(job.request,
+                                                                                    self._config.max_image_pixels)
             job.prepared = self._with_callbacks(self.engine.prepare(job.request, images), job)
         except ProtocolError as exc:
             self._settle(job, exc)

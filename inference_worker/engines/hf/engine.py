@@ -7,26 +7,31 @@ the model thread; batch_decode.py), into which requests that arrive meanwhile jo
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
 from inference_worker.engines.hf.batch_decode import BatchDecoder, can_merge_caches, has_plain_positions
 from inference_worker.engines.hf.loading import LoadedModel
-from inference_worker.engines.hf.rows import FrameKey, PromptInputs, Row, RowResult
+from inference_worker.engines.hf.preprocess import PrepareProcessDied, Preprocessor, image_token_id
+from inference_worker.engines.hf.rows import PromptInputs, Row, RowResult
 from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import text_stream
 from inference_worker.engines.hf.torch_utils import apply_num_threads, release_cuda_cache
-from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
+from inference_worker.protocol import ChatRequest, Completion
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
     from inference_worker.engines.hf.grammar import SchemaGrammars
+    from inference_worker.engines.hf.preprocess import PrepareProcesses
 
+
+log = logging.getLogger("deskeye.worker")
 
 #: model_types whose processor outputs one batch row per prompt (pixel_values (1, ...)) that stack along the batch;
 #: MiniCPM-V packs every image's patches into one row (NaViT): packed_images.PACKED_IMAGE_FAMILIES
@@ -55,6 +60,10 @@ class TransformersEngine(Engine):
         #: request text -> text the processor and tokenizer read as text only (see special_tokens.py)
         self.escape_text = escaper_for(self.tokenizer, processor)
         self.frame_cache = _frame_cache(kv_cache_bytes if has_plain_positions(model) else 0, kv_similar_threshold)
+        self.preprocessor = Preprocessor(processor, self.image_token_id, model_name,
+                                         with_frame_keys=self.frame_cache is not None, escape_text=self.escape_text)
+        self._processes: PrepareProcesses | None = None
+        self.max_image_pixels = 0         # the service's limit, which the processes apply (set when they start)
         self.decoder = BatchDecoder(model, eos_token_ids=self.eos_token_ids, frame_cache=self.frame_cache,
                                     grammars=self._schema_grammars, can_merge=can_merge_caches(model),
                                     can_prefill_together=can_prefill_together(model), keep_logits=keep_logits)
@@ -69,22 +78,51 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------ the contract
 
-    def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
-        """Template, processor and the frame's cache keys; runs on a preprocessing thread."""
-        prompt = self.processor.apply_chat_template(template_messages(request.messages, self.escape_text),
-                                                    add_generation_prompt=True, tokenize=False)
-        rgb = [img if img.mode == "RGB" else img.convert("RGB") for img in images]
-        batch = dict(self.processor(text=[prompt], images=[rgb] if rgb else None, return_tensors="pt"))
-        ids = batch.pop("input_ids")
-        batch.pop("attention_mask", None)
-        split = prefix_length(ids[0].tolist(), self.image_token_id)
-        inputs = PromptInputs(ids[:, :split], ids[:, split:], batch, num_images=len(rgb))
+    @property
+    def decodes_images(self) -> bool:
+        """True while preprocessing processes run: they decode the request's images themselves."""
+        return self._processes is not None
+
+    def prepare(self, request: ChatRequest, images: list["Image"] | None) -> Prepared:
+        """Images, template, processor and frame keys (in a preprocessing process when there are some), then the
+        grammar and the similar-frame search; runs on a preprocessing thread."""
+        inputs = self._encode(request, images)
         if request.json_schema is not None and self.use_grammar:
             inputs.grammar = self._schema_grammars().matcher(request.json_schema)   # GrammarError: this row's 400
-        if rgb and self.frame_cache is not None:
-            inputs.frame = frame_key(self.model_name, inputs, rgb)
+        if inputs.frame is not None:
             inputs.frame.nearest = self.frame_cache.nearest(inputs.frame.group_key, inputs.frame.signature)
-        return Prepared(request, images, inputs)
+        return Prepared(request, images or [], inputs)
+
+    def start_prepare_processes(self, num_processes: int, max_image_pixels: int) -> None:
+        """Decode images and run the processor in `num_processes` child processes from now on (preprocess.py
+        says why); returns once each has encoded a warm-up request."""
+        from inference_worker.engines.hf.preprocess import PrepareProcesses, warm_up_request
+        self.max_image_pixels = max_image_pixels
+        try:
+            self._processes = PrepareProcesses(self.preprocessor, num_processes, max_image_pixels=max_image_pixels,
+                                               warm_up=warm_up_request())
+        except Exception as exc:  # noqa: BLE001 - e.g. a processor that cannot be pickled: threads still serve
+            log.warning("--prepare-processes %d: cannot prepare in child processes (%s); preprocessing stays on "
+                        "the worker's threads", num_processes, _one_line(exc))
+            return
+        log.info("preprocessing in %d process(es): pid %s", num_processes, ", ".join(map(str, self._processes.pids)))
+
+    def _encode(self, request: ChatRequest, images: list["Image"] | None) -> PromptInputs:
+        """`images` None: the request's images are still to decode (the service left it to the processes)."""
+        processes = self._processes
+        if processes is not None:
+            try:
+                inputs = processes.try_encode(request)
+                if inputs is not None:
+                    return inputs
+            except PrepareProcessDied as exc:
+                log.warning("a preprocessing process died (%s); preprocessing goes on in the worker's threads", exc)
+                self._processes = None
+                processes.close()
+        if images is None:
+            from inference_worker.serving.images import decode_request_images
+            images = decode_request_images(request, self.max_image_pixels)
+        return self.preprocessor.encode(request.messages, images)
 
     def run_batch(self, items: Sequence[Prepared], on_done: OnDone, take_more: TakeMoreItems | None = None) -> None:
         """Decode `items` and, between steps, the items `take_more(num_live)` hands over; those are numbered
@@ -124,6 +162,9 @@ class TransformersEngine(Engine):
         self.num_cuda_empty_cache_calls += release_cuda_cache()
 
     def close(self) -> None:
+        if self._processes is not None:
+            self._processes.close()
+            self._processes = None
         self.model = self.decoder = None
         self.grammars = None
         if self.frame_cache is not None:
@@ -174,6 +215,10 @@ class TransformersEngine(Engine):
             return self.grammars
 
 
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def can_prefill_together(model: Any) -> bool:
     """Whether cold rows of this model may be prefilled in one left-padded forward: a family whose image tensors
     stack along the batch (pixel_values, pixel_attention_mask) with plain attention layers, or MiniCPM-V 4.6, whose
@@ -191,50 +236,11 @@ def can_prefill_together(model: Any) -> bool:
     return model.config.model_type in STACKABLE_IMAGE_FAMILIES and is_plain_attention(cache)
 
 
-def image_token_id(config: Any, tokenizer: Any, processor: Any) -> int | None:
-    """The id of the token each image's features replace (config, else the processor's image token)."""
-    for name in ("image_token_id", "image_token_index"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    token = getattr(processor, "image_token", None)
-    return tokenizer.convert_tokens_to_ids(token) if isinstance(token, str) else None
-
-
-def prefix_length(ids: list[int], image_token: int | None) -> int:
-    """Where a prompt splits into the frame prefix (through its last image token) and the suffix; 0 without
-    images. The suffix keeps at least one token (the first token's logits come from its last position)."""
-    last = max((i for i, t in enumerate(ids) if t == image_token), default=-1) if image_token is not None else -1
-    return min(last + 1, len(ids) - 1)
-
-
-def frame_key(model_name: str, inputs: PromptInputs, images: list["Image"]) -> FrameKey:
-    """Keys of a prompt's prefix in the FrameCache: the exact key hashes the preprocessed pixels, the prefix
-    token ids and the model; the group key (who may stand in for whom) the same without the pixel values."""
-    from inference_worker.engines.hf.frame_cache import content_key, frame_signature
-
-    tensors = {name: value for name, value in inputs.vision.items() if torch.is_tensor(value)}
-    layout = {name: f"{tuple(value.shape)}{value.dtype}" for name, value in tensors.items()}
-    return FrameKey(exact_key=content_key(model_name, inputs.prefix_ids, tensors),
-                    group_key=content_key(model_name, inputs.prefix_ids, layout),
-                    signature=frame_signature(images))
-
-
 def _frame_cache(max_bytes: int, similar_threshold: float | None):
     if max_bytes <= 0:
         return None
     from inference_worker.engines.hf.frame_cache import FrameCache
     return FrameCache(max_bytes, similar_threshold)
-
-
-def template_messages(messages: tuple[Message, ...],
-                      escape_text: Callable[[str], str] = lambda text: text) -> list[dict[str, Any]]:
-    """Protocol messages -> chat-template messages; each image becomes the template's image placeholder and
-    each text part goes through `escape_text` (so it cannot spell the model's special tokens)."""
-    return [{"role": m.role,
-             "content": [{"type": "image"} if isinstance(p, ImagePart) else {"type": "text", "text": escape_text(p)}
-                         for p in m.parts]}
-            for m in messages]
 
 
 def grammar_facts(grammar) -> dict[str, Any]:
@@ -246,14 +252,18 @@ def grammar_facts(grammar) -> dict[str, Any]:
 
 def make_engine(loaded: LoadedModel, options) -> "TransformersEngine":
     """FAMILIES' engine factory for the families transformers supports natively."""
-    return TransformersEngine.from_loaded(loaded, use_grammar=options.use_grammar, num_threads=options.num_threads,
-                                          kv_cache_bytes=options.kv_cache_bytes,
-                                          kv_similar_threshold=options.kv_similar_threshold)
+    engine = TransformersEngine.from_loaded(loaded, use_grammar=options.use_grammar, num_threads=options.num_threads,
+                                            kv_cache_bytes=options.kv_cache_bytes,
+                                            kv_similar_threshold=options.kv_similar_threshold)
+    if options.prepare_processes:
+        engine.start_prepare_processes(options.prepare_processes, options.max_image_pixels)
+    return engine
 
 
 def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "auto", use_grammar: bool = True,
                              num_threads: int | None = None, progress: bool = True, kv_cache_bytes: int = 0,
-                             kv_similar_threshold: float | None = None) -> Engine:
+                             kv_similar_threshold: float | None = None, prepare_processes: int = 0,
+                             max_image_pixels: int | None = None) -> Engine:
     """Load `model` (folder or Hub id) and wrap it in the engine its family gets (engines/__init__.py FAMILIES).
 
     Raises ModelLoadError with a user-facing message for anything the user can fix.
@@ -261,4 +271,7 @@ def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "
     from inference_worker.engines import EngineOptions, load_hf_engine
     return load_hf_engine(model, EngineOptions(device=device, dtype=dtype, use_grammar=use_grammar,
                                                num_threads=num_threads, kv_cache_bytes=kv_cache_bytes,
-                                               kv_similar_threshold=kv_similar_threshold), progress=progress)
+                                               kv_similar_threshold=kv_similar_threshold,
+                                               prepare_processes=prepare_processes,
+                                               **({} if max_image_pixels is None else
+                                                  {"max_image_pixels": max_image_pixels})), progress=progress)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inference_worker.engines.base import Engine, EngineStats, Prepared, run_one
-from inference_worker.engines.hf.engine import image_token_id, template_messages
+from inference_worker.engines.hf.preprocess import image_token_id, template_messages
 from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.openvino.decode import DecodeResult, IRDecoder, IRPrompt
