@@ -168,7 +168,9 @@ def deskeye_worker(model: str, work_dir: Path, *, num_threads: int, device: str,
             "--max-batch-size", str(max_batch_size), *extra_args]
     handle = start_worker(args, work_dir)
     try:
-        yield Endpoint(f"deskeye-worker bs={max_batch_size}", handle.host, handle.port, model,
+        processes = f" pp={extra_args[extra_args.index('--prepare-processes') + 1]}" \
+            if "--prepare-processes" in extra_args else ""
+        yield Endpoint(f"deskeye-worker bs={max_batch_size}{processes}", handle.host, handle.port, model,
                        handle.api_key, handle.log_path)
     finally:
         handle.stop()

@@ -127,6 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="device of both servers (default cpu)")
     parser.add_argument("--max-batch-size", type=int, default=8,
                         help="the batching worker's --max-batch-size (default: the worker's default, 8)")
+    parser.add_argument("--prepare-processes", type=int, default=0, metavar="N",
+                        help="the batching worker's --prepare-processes (default 0: its preprocessing threads run "
+                             "the processor; the --max-batch-size 1 worker always keeps the default)")
     parser.add_argument("--max-tokens", type=int, default=48,
                         help="tokens per free-text request (fixed, so both servers do the same work)")
     parser.add_argument("--json-max-tokens", type=int, default=256,
@@ -135,6 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.threads, args.max_batch_size, args.max_tokens, args.json_max_tokens) < 1:
         parser.error("--threads, --max-batch-size, --max-tokens and --json-max-tokens must be at least 1")
+    if args.prepare_processes < 0:
+        parser.error("--prepare-processes must be 0 (none) or more")
     if args.json_out is None:
         args.json_out = RESULTS_DIR / f"throughput-{'model' if args.model else args.fixture}.json"
     return args
@@ -324,12 +329,16 @@ def server_factories(model: str, work_dir: Path, args: argparse.Namespace, plan:
     factories = {
         "single": lambda: deskeye_worker(model, work_dir / "worker-bs1", max_batch_size=1, **options),
         "batched": lambda: deskeye_worker(model, work_dir / "worker-batched", max_batch_size=args.max_batch_size,
-                                          **options),
+                                          extra_args=prepare_args(args.prepare_processes), **options),
     }
     if not plan.serve_skip_reason:
         factories["serve"] = lambda: transformers_serve(model, work_dir / "transformers-serve",
                                                         options=SERVE_OPTIONS, **options)
     return factories
+
+
+def prepare_args(num_processes: int) -> tuple[str, ...]:
+    return ("--prepare-processes", str(num_processes)) if num_processes else ()
 
 
 def measure_all(model: str, work_dir: Path, args: argparse.Namespace, plan: Plan, requests: RequestSets,
@@ -574,7 +583,8 @@ def target(name: str, measured: float | None, baseline: float | None, goal: floa
 
 def print_report(report: dict) -> None:
     print(f"\nmodel: {report['model']}  device: {report['device']}  torch threads per server: {report['threads']}  "
-          f"batching worker --max-batch-size {report['max_batch_size']}")
+          f"batching worker --max-batch-size {report['max_batch_size']} "
+          f"--prepare-processes {report.get('prepare_processes', 0)}")
     print(f"free requests: max_tokens={report['max_tokens']} (fixed work); json requests: DeskEye schema, "
           f"max_tokens={report['json_max_tokens']}; every request has its own 800x600 frame (no KV reuse between "
           f"them); {report['num_requests']} requests per row, closed-loop clients\n")
@@ -678,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "throughput", "model": args.model or FIXTURES[args.fixture][1],
         "device": args.device, "threads": args.threads, "max_batch_size": args.max_batch_size,
-        "max_tokens": args.max_tokens, "json_max_tokens": args.json_max_tokens, "num_requests": plan.num_requests,
+        "prepare_processes": args.prepare_processes, "max_tokens": args.max_tokens, "json_max_tokens": args.json_max_tokens, "num_requests": plan.num_requests,
         "levels": list(plan.levels), "anchor_clients": plan.anchor_clients, **environment(),
         "servers_started": "together" if args.model is None else "one at a time",
         "throughput": [asdict(r) for r in rows], "transformers_serve": measured["serve"],
