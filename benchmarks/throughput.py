@@ -688,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "throughput", "model": args.model or FIXTURES[args.fixture][1],
         "device": args.device, "threads": args.threads, "max_batch_size": args.max_batch_size,
-        "prepare_processes": args.prepare_processes, "max_tokens": args.max_tokens, "json_max_tokens": args.json_max_tokens, "num_requests": plan.num_requests,
+        "prepare_processes": args.prepare_processes, "max_tokens": args.max_tokens,
+        "json_max_tokens": args.json_max_tokens, "num_requests": plan.num_requests,
         "levels": list(plan.levels), "anchor_clients": plan.anchor_clients, **environment(),
         "servers_started": "together" if args.model is None else "one at a time",
         "throughput": [asdict(r) for r in rows], "transformers_serve": measured["serve"],

@@ -119,10 +119,10 @@ def _add_batching_options(g) -> None:
                    help="threads that decode images and run the processor while the model generates "
                         "(default: %(default)s)")
     g.add_argument("--prepare-processes", type=int, default=0, metavar="N",
-                   help="child processes that run the processor for those threads, so it does not hold up the "
-                        "model thread: worth it with many clients at once on few CPU cores; each child costs "
-                        "memory (torch and the processor) and a few seconds at start (default: %(default)s: "
-                        "none, the threads run it)")
+                   help="child processes that decode images and run the processor for those threads, off the "
+                        "model thread's GIL: for a model thread the processor holds up (a GPU model with cores "
+                        "to spare); on a 2-core CPU it did not pay (README). Each child costs memory (torch and "
+                        "the processor) and a few seconds at start (default: %(default)s: the threads do it)")
 
 
 def _add_kv_reuse_options(g) -> None:

@@ -57,10 +57,10 @@ class Preprocessor:
 
 class PrepareProcesses:
     """`num_processes` spawned children, each with its own copy of the Preprocessor, that decode a request's
-    images and run `encode` for the preprocessing threads: a thread takes an idle child, sends it the request over
-    the child's pipe and waits (without the GIL) for the PromptInputs; with no child idle it encodes itself. Started and warmed up (one encode each)
-    before the engine reports ready. If a child dies, `encode` raises PrepareProcessDied (the engine then encodes
-    on its threads)."""
+    images and run `encode` for the preprocessing threads: a thread takes an idle child, sends it the request
+    over the child's pipe and waits (without the GIL) for the PromptInputs; with no child idle, `try_encode`
+    says so and the thread encodes itself. Started and warmed up (one encode each) before the engine reports
+    ready. If a child dies, `try_encode` raises PrepareProcessDied (the engine then encodes on its threads)."""
 
     def __init__(self, preprocessor: Preprocessor, num_processes: int, *, max_image_pixels: int,
                  warm_up: ChatRequest):
