@@ -8,6 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def one_line(exc: BaseException, max_chars: int | None = None) -> str:
+    """An exception as one line for a log or an answer: its text with whitespace runs folded (its type's name when
+    it has none), cut at `max_chars`."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if max_chars is None else text[:max_chars]
+
+
 class ProtocolError(ValueError):
     """A request the worker cannot accept. `status` is the HTTP status, `param` names the field."""
 

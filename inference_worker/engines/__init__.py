@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from inference_worker.config import DEFAULT_MAX_IMAGE_PIXELS
+from inference_worker.errors import one_line
 
 if TYPE_CHECKING:
     from inference_worker.config import WorkerConfig
@@ -126,7 +127,7 @@ def _load_base(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engi
     try:
         return _load_transformers(config, progress)
     except Exception as exc:  # noqa: BLE001 - "auto" falls back to OCR, loudly
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = one_line(exc)
         log.warning("cannot load model %r (%s); --engine auto falls back to the OCR engine", config.model, reason)
         return _load_ocr(progress)
 

@@ -35,7 +35,7 @@ from inference_worker.serving.validation import output_problem, retry_request
 from inference_worker.engines.base import Engine, EngineStats, Prepared
 from inference_worker.serving.images import decode_request_images
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.errors import CancelledError, ProtocolError, QueueFullError, ServiceError
+from inference_worker.errors import CancelledError, ProtocolError, QueueFullError, ServiceError, one_line
 from inference_worker.protocol import ChatRequest, Completion
 from inference_worker.serving.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
 
@@ -424,5 +424,4 @@ def timeout_error(timeout_s: float) -> ServiceError:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:500]
+    return one_line(exc, max_chars=500)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from inference_worker.config import DEFAULT_MAX_IMAGE_PIXELS
 from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
 from inference_worker.engines.hf.batch_decode import BatchDecoder, can_merge_caches, has_plain_positions
 from inference_worker.engines.hf.loading import LoadedModel
@@ -22,6 +23,7 @@ from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, t
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import text_stream
 from inference_worker.engines.hf.torch_utils import apply_num_threads, release_cuda_cache
+from inference_worker.errors import one_line
 from inference_worker.protocol import ChatRequest, Completion
 
 if TYPE_CHECKING:
@@ -103,7 +105,7 @@ class TransformersEngine(Engine):
                                                warm_up=warm_up_request())
         except Exception as exc:  # noqa: BLE001 - e.g. a processor that cannot be pickled: threads still serve
             log.warning("--prepare-processes %d: cannot prepare in child processes (%s); preprocessing stays on "
-                        "the worker's threads", num_processes, _one_line(exc))
+                        "the worker's threads", num_processes, one_line(exc))
             return
         log.info("preprocessing in %d process(es): pid %s", num_processes, ", ".join(map(str, self._processes.pids)))
 
@@ -215,10 +217,6 @@ class TransformersEngine(Engine):
             return self.grammars
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def can_prefill_together(model: Any) -> bool:
     """Whether cold rows of this model may be prefilled in one left-padded forward: a family whose image tensors
     stack along the batch (pixel_values, pixel_attention_mask) with plain attention layers, or MiniCPM-V 4.6, whose
@@ -263,7 +261,7 @@ def make_engine(loaded: LoadedModel, options) -> "TransformersEngine":
 def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "auto", use_grammar: bool = True,
                              num_threads: int | None = None, progress: bool = True, kv_cache_bytes: int = 0,
                              kv_similar_threshold: float | None = None, prepare_processes: int = 0,
-                             max_image_pixels: int | None = None) -> Engine:
+                             max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Engine:
     """Load `model` (folder or Hub id) and wrap it in the engine its family gets (engines/__init__.py FAMILIES).
 
     Raises ModelLoadError with a user-facing message for anything the user can fix.
@@ -273,5 +271,4 @@ def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "
                                                num_threads=num_threads, kv_cache_bytes=kv_cache_bytes,
                                                kv_similar_threshold=kv_similar_threshold,
                                                prepare_processes=prepare_processes,
-                                               **({} if max_image_pixels is None else
-                                                  {"max_image_pixels": max_image_pixels})), progress=progress)
+                                               max_image_pixels=max_image_pixels), progress=progress)

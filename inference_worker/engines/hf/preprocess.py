@@ -143,8 +143,6 @@ class _Child:
             self.connection.send(None)
         except OSError:
             pass                  # gone already
-        if self.process.pid is None:
-            return                # never started
         self.process.join(timeout_s)
         if self.process.is_alive():
             self.process.kill()
