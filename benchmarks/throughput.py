@@ -21,8 +21,10 @@ Without --model it builds a tiny random test fixture into a temporary folder: Id
 Every throughput request carries its own 800x600 screenshot, so frame KV reuse cannot flatter the batching rows.
 All servers run with the same torch threads (--threads, default 1) and free-text requests generate a fixed
 number of tokens (--max-tokens; random models rarely emit EOS). The batching rows also report the mean number of
-rows the worker decoded per step (its decode_row_steps / decode_steps counters over the row). Prints tables, every
-target with MET / MISSED, and writes JSON (default benchmarks/results/throughput-FIXTURE.json).
+rows the worker decoded per step (its decode_row_steps / decode_steps counters over the row), and every worker row
+where its time went: the model thread's busy share, the share of that it ran on a core, and the process's CPU per
+answer (from its /metrics). Prints tables, every target with MET / MISSED, and writes JSON (default
+benchmarks/results/throughput-FIXTURE.json).
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ class LoadRow:
     server_queue_p50_ms: float | None  # from deskeye.timing.queue_ms (arrival -> batch start, incl. the window)
     server_ttft_p50_ms: float | None  # from deskeye.timing.ttft_ms (batch start -> first token)
     mean_live_rows: float | None = None   # rows decoded per step over this row (the worker's counters)
+    model_busy_share: float | None = None  # of the row's wall time, the share the model thread was in model calls
+    model_on_cpu_share: float | None = None  # of that busy time, the share it ran (the rest: waiting, GIL or core)
+    worker_cpu_ms_per_request: float | None = None  # the worker process's CPU (all its threads) per answer
     errors: list[str] = field(default_factory=list)
     round: int = 0                    # which anchor round (see the module docstring); 0 elsewhere
 
@@ -230,7 +235,7 @@ def measure_load(part: str, endpoint: Endpoint, output: str, bodies: list[bytes]
         mean_batch_size=rounded(sum(batch_sizes) / len(batch_sizes), 2) if batch_sizes else None,
         server_queue_p50_ms=rounded(median(timings_ms(ok, "queue_ms")), 1),
         server_ttft_p50_ms=rounded(median(timings_ms(ok, "ttft_ms")), 1),
-        mean_live_rows=mean_live_rows(before, after),
+        mean_live_rows=mean_live_rows(before, after), **model_thread_use(before, after, wall_s, len(ok)),
         errors=sorted({f"HTTP {r.status}: {r.error[:200]}" for r in replies if not r.is_ok})[:3], round=round_)
     print(f"  {part} {endpoint.name:<26} {output:<4} {num_clients:>2} clients: {row.requests_per_s:.2f} req/s, "
           f"{row.num_ok}/{row.num_requests} ok in {wall_s:.1f} s" + (f" (round {round_})" if round_ else ""))
@@ -244,6 +249,25 @@ def mean_live_rows(before: dict | None, after: dict | None) -> float | None:
         return None
     steps, row_steps = (after[k] - before.get(k, 0.0) for k in keys)
     return round(row_steps / steps, 2) if steps > 0 else None
+
+
+MODEL_BUSY_S = "deskeye_worker_model_busy_seconds_total"
+MODEL_CPU_S = "deskeye_worker_model_cpu_seconds_total"
+PROCESS_CPU_S = "process_cpu_seconds_total"
+
+
+def model_thread_use(before: dict | None, after: dict | None, wall_s: float, num_ok: int) -> dict:
+    """Where the row's time went in the worker, from two /metrics readings: the model thread's busy share of the
+    wall time, the share of that it was on a core, and the process's CPU per answer (None where not reported)."""
+    def delta(key: str) -> float | None:
+        if before is None or after is None or key not in after:
+            return None
+        return after[key] - before.get(key, 0.0)
+    busy_s, cpu_s, process_s = delta(MODEL_BUSY_S), delta(MODEL_CPU_S), delta(PROCESS_CPU_S)
+    return {"model_busy_share": rounded(busy_s / wall_s, 3) if busy_s is not None and wall_s > 0 else None,
+            "model_on_cpu_share": rounded(cpu_s / busy_s, 3) if cpu_s is not None and busy_s else None,
+            "worker_cpu_ms_per_request": rounded(1000 * process_s / num_ok, 1) if process_s is not None and num_ok
+            else None}
 
 
 def timings_ms(replies: list[Reply], name: str) -> list[float]:
@@ -589,7 +613,8 @@ def print_report(report: dict) -> None:
           f"max_tokens={report['json_max_tokens']}; every request has its own 800x600 frame (no KV reuse between "
           f"them); {report['num_requests']} requests per row, closed-loop clients\n")
     header = (f"{'part':<7}{'server':<27}{'output':<7}{'clients':>7}{'ok':>7}{'req/s':>8}{'tok/s':>8}{'tok/req':>8}"
-              f"{'p50 ms':>9}{'p95 ms':>9}{'batch':>7}{'live':>6}{'queue ms':>9}{'ttft ms':>9}")
+              f"{'p50 ms':>9}{'p95 ms':>9}{'batch':>7}{'live':>6}{'queue ms':>9}{'ttft ms':>9}{'busy':>6}{'run':>6}"
+              f"{'cpu ms':>8}")
     print(header)
     print("-" * len(header))
     for r in report["throughput"]:
@@ -598,7 +623,8 @@ def print_report(report: dict) -> None:
               f"{r['num_ok']:>4}/{r['num_requests']:<2}{r['requests_per_s']:>8.2f}{r['tokens_per_s']:>8.0f}"
               f"{r['tokens_per_request']:>8.1f}{fmt(r['p50_ms']):>9}{fmt(r['p95_ms']):>9}"
               f"{fmt(r['mean_batch_size'], 2):>7}{fmt(r['mean_live_rows'], 2):>6}{fmt(r['server_queue_p50_ms']):>9}"
-              f"{fmt(r['server_ttft_p50_ms']):>9}")
+              f"{fmt(r['server_ttft_p50_ms']):>9}{fmt(r.get('model_busy_share'), 2):>6}"
+              f"{fmt(r.get('model_on_cpu_share'), 2):>6}{fmt(r.get('worker_cpu_ms_per_request')):>8}")
         for error in r["errors"]:
             print(f"      error: {error}")
     print(f"(i) = worker --max-batch-size 1, one client sending sequentially, on the requests of the "
@@ -607,7 +633,9 @@ def print_report(report: dict) -> None:
           "(transformers serve ignores it, so the free rows are the like-for-like comparison); p50/p95 = client "
           "latency; batch (most rows decoded with each request), queue ms (arrival -> its decode) and ttft ms "
           "(joining the decode -> first token) come from the worker's deskeye fields (p50); live = rows decoded per "
-          "step over the row (the worker's /metrics counters)")
+          "step over the row; busy = share of the row's time the model thread spent in model calls, run = share of "
+          "that it was on a core (the rest it waited for the GIL or a core), cpu ms = the worker process's CPU per "
+          "answer, its --prepare-processes children not included (the worker's /metrics counters)")
     print_model_only(report["model_only"])
     print_serve(report["transformers_serve"])
     print_repeated(report["repeated_frame"])

@@ -12,7 +12,8 @@ import math
 import re
 import threading
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -27,6 +28,7 @@ class WorkerMetrics:
     def __init__(self):
         disable_created_metrics()       # no *_created series: a start time per series is noise for one worker
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)      # process_cpu_seconds_total, RSS, open fds (this process only)
         self._totals_lock = threading.Lock()
         self._totals: dict[int, float] = {}          # id(counter) -> the total advance_to last reached
         counter, gauge, histogram = self._counter, self._gauge, self._histogram
@@ -87,6 +89,11 @@ class WorkerMetrics:
                                     "Batched decode steps, as reported by the engine.")
         self.decode_row_steps = counter("deskeye_worker_decode_row_steps_total",
                                         "Rows decoded summed over decode steps (/ steps = mean live rows).")
+        self.model_busy_seconds = counter("deskeye_worker_model_busy_seconds_total",
+                                          "Wall time the model thread spent in model calls, in seconds.")
+        self.model_cpu_seconds = counter("deskeye_worker_model_cpu_seconds_total",
+                                         "CPU time of the model thread during model calls, in seconds; what is "
+                                         "left of the busy seconds it waited for the GIL or for a core.")
         self.kv_evictions = counter("deskeye_worker_kv_cache_evictions_total",
                                     "Frames dropped from the KV cache to stay within --kv-cache-mb.")
 

@@ -195,6 +195,22 @@ def test_metrics_show_queue_window_load_and_cache(tiny_worker):
     assert "deskeye_worker_queue_depth" in after
 
 
+def test_metrics_show_where_the_model_threads_time_went(tiny_worker):
+    """The model thread's wall and CPU time in model calls and the process's CPU advance with a request; the thread's
+    CPU never exceeds its wall time (what is left it waited for the GIL or a core). benchmarks.throughput reads these."""
+    busy, cpu, process = ("deskeye_worker_model_busy_seconds_total", "deskeye_worker_model_cpu_seconds_total",
+                          "process_cpu_seconds_total")
+    before = tiny_worker.metrics()
+    status, _ = tiny_worker.request("POST", "/v1/chat/completions", deskeye_body("Anything?", (4, 5, 6)))
+    after = metrics_after(tiny_worker, before, num_requests=1)
+    grown = {key: after[key] - before[key] for key in (busy, cpu, process)}
+
+    assert status == 200
+    assert all(value > 0 for value in grown.values()), grown
+    assert grown[cpu] <= grown[busy] + 0.01, grown          # thread_time ticks are coarser than the monotonic clock
+    assert grown[process] >= grown[cpu] - 0.01, grown       # the model thread is one of the process's threads
+
+
 def test_a_row_the_model_cannot_prefill_fails_alone(engine):
     """An engine failure on one request (here: its image tensor cut in half, as a broken processor output would
     be) is that request's answer; the rows batched with it are answered as if it were not there."""

@@ -29,6 +29,8 @@ def test_throughput_smoke_writes_every_section(tmp_path):
         for key in ("requests_per_s", "tokens_per_s", "p50_ms", "p95_ms", "mean_batch_size", "server_ttft_p50_ms"):
             assert _is_number(row[key]), (key, row)
         assert _is_number(row["mean_live_rows"]) and 1 <= row["mean_live_rows"] <= row["num_clients"], row
+        assert 0 < row["model_busy_share"] <= 1.05 and 0 < row["model_on_cpu_share"] <= 1.05, row
+        assert _is_number(row["worker_cpu_ms_per_request"]) and row["worker_cpu_ms_per_request"] > 0, row
         if row["output"] == "free":              # fixed work per request: every answer runs to max_tokens
             assert row["tokens_per_request"] == report["max_tokens"]
 
