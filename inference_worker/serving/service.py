@@ -69,24 +69,6 @@ class Job:
     is_waiting: bool = True               # counted against max_queue: accepted, not yet decoding
 
 
-@dataclass
-class _ModelClock:
-    """The model thread's wall and CPU time between readings, both read on the model thread (time.thread_time is the
-    calling thread's own CPU: torch's intra-op threads are not in it)."""
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-
-    def start(self) -> None:
-        self.wall_s, self.cpu_s = time.monotonic(), time.thread_time()
-
-    def lap(self) -> tuple[float, float]:
-        """(wall, cpu) seconds since the last start or lap, never negative."""
-        wall_s, cpu_s = time.monotonic(), time.thread_time()
-        laps = max(0.0, wall_s - self.wall_s), max(0.0, cpu_s - self.cpu_s)
-        self.wall_s, self.cpu_s = wall_s, cpu_s
-        return laps
-
-
 class ModelService:
     """Owns the engine. States: loading -> ready -> stopped, or loading -> failed."""
 
@@ -104,7 +86,6 @@ class ModelService:
         self._pool = ThreadPoolExecutor(config.preprocess_threads, thread_name_prefix="deskeye-prepare")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="deskeye-model", daemon=True)
-        self._model_clock = _ModelClock()
         self._waiting_lock = threading.Lock()
         self._num_waiting = 0
         self.engine: Engine | None = None
@@ -273,7 +254,7 @@ class ModelService:
             return
         self._metrics.batches.inc()
         started_s = time.monotonic()
-        self._model_clock.start()
+        self._metrics.model_time.start()
         try:
             self.engine.run_batch([job.prepared for job in jobs], lambda index, outcome: self._row_done(
                 jobs[index], outcome), lambda num_live: self._take_more(jobs, num_live))
@@ -281,7 +262,7 @@ class ModelService:
             self._engine_failed(jobs, exc)
         finally:
             self._after_call()
-            self._count_model_time()
+            self._metrics.model_time.count()
             self._metrics.batch_size.observe(len(jobs))      # the model call's requests, joiners included; last
             self._signals.batch_finished(time.monotonic() - started_s)
 
@@ -298,7 +279,7 @@ class ModelService:
         """Between decode steps (model thread): queued requests to join the running decode, without waiting;
         they are appended to `jobs`, so their indices follow. Also refreshes the decode metrics."""
         self._update_decode_metrics()
-        self._count_model_time()
+        self._metrics.model_time.count()
         room = self._queue.max_batch_size - num_live
         if room <= 0 or self._stop.is_set() or not len(self._queue):
             return []
@@ -419,11 +400,6 @@ class ModelService:
         self._metrics.live_rows.set(stats.live_rows)
         self._metrics.advance_to(self._metrics.decode_steps, stats.num_decode_steps)
         self._metrics.advance_to(self._metrics.decode_row_steps, stats.num_row_steps)
-
-    def _count_model_time(self) -> None:
-        wall_s, cpu_s = self._model_clock.lap()
-        self._metrics.model_busy_seconds.inc(wall_s)
-        self._metrics.model_cpu_seconds.inc(cpu_s)
 
     def _count_invalid(self, problem: str) -> None:
         self._metrics.invalid_outputs.inc()
