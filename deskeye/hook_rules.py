@@ -3,19 +3,26 @@
     [[hook]]
     name = "unread-mail"
     match = ["email", "inbox", "邮件"]             # keywords (substring, case-insensitive); or regex = "..."
-    run = ["notify-send", "DeskEye", "--", "{summary}"]   # argv; {summary} {object} {key_objects} are filled in
-                                                   # ({key_objects}: all of them joined by ", ")
+    run = ["/path/to/script"]                      # argv, no shell; the text arrives in DESKEYE_* and on stdin
+                                                   # (notify-send and logger only: {summary} {object}
+                                                   # {key_objects} after "--", see below)
     open_url = "https://mail.example.org"          # optional; http(s) only, from the rule, never from model text
     keys = ["ctrl", "shift", "m"]                  # optional key combination (pyautogui)
     text = "typed as written"                      # optional text to type (pyautogui); no placeholders
     notify = true                                  # optional desktop notification with the summary
     cooldown_s = 300                               # optional, default 60
 
-Model text is untrusted, so a rule that would let it steer a program is refused when the rules load:
-- every argv element holding a placeholder must come after a `--` element (the end of options), so a value
-  such as `--use-compress-program=sh` is an operand, never an option; an option name cannot be a placeholder;
-- a shell, an interpreter or a command wrapper (`sh`, `bash`, `python`, `node`, `env`, `xargs`, `sudo`, ...)
-  cannot be the program of a rule with placeholders: it would run model text as code;
+Model text (the summary and the key objects, read off the screen by a model) is untrusted. A program
+cannot be known to treat an argument as data: `sed -n -- {summary}` runs a sed script (`1e id`), `find -- {summary}`
+an expression (`-delete`), `ssh host -- {summary}` a remote command, `vim -es` ex commands, and any program may be an
+interpreter under another name. So model text reaches a command as data only, and the loader enforces it:
+- every command gets it in the environment (DESKEYE_SUMMARY, DESKEYE_OBJECT, DESKEYE_KEY_OBJECTS as a JSON list,
+  DESKEYE_HOOK) and as one JSON document on its standard input (see `hook_runner.hook_document`);
+- a placeholder in `run` is allowed only for the programs in DATA_PROGRAMS (notify-send, logger), which take their
+  operands as message text, and only in elements after a `--` element (the end of options), so text starting
+  with `-` is never an option; the program must resolve (symlinks followed) to that program in a system folder
+  (/usr/bin, /bin) that only root can change, and the rule then runs that resolved path. A symlink or a copy of
+  an interpreter named `notify-send` is refused. Everything else with a placeholder is refused, naming the safe form;
 - `regex` runs in RE2, a linear-time engine (a pattern such as `^(a+)+$` cannot block), case-insensitively.
 
 Any mistake raises HookRuleError naming the file, the rule (name or index) and what is wrong.
@@ -23,7 +30,10 @@ Any mistake raises HookRuleError naming the file, the rule (name or index) and w
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
@@ -48,15 +58,17 @@ _SINGLE_KEY = re.compile(r"^[a-z0-9`\-=\[\]\\;',./]$")
 END_OF_OPTIONS = "--"
 MAX_REGEX_CHARS = 1000
 MAX_REGEX_MEMORY_BYTES = 1 << 20
-#: programs that run their arguments (or their standard input) as code, or run another program on them
-CODE_RUNNERS = frozenset("""
-sh bash dash zsh ksh mksh pdksh oksh yash ash csh tcsh fish rc es nu elvish xonsh busybox toybox
-python pythonw python2 python3 pypy pypy3 ipython perl ruby irb node nodejs deno bun php lua luajit tclsh wish
-jshell groovy scala kotlin julia r rscript osascript pwsh powershell cmd wscript cscript awk gawk mawk nawk
-env sudo doas su pkexec runuser nohup nice ionice chrt taskset timeout setsid stdbuf unbuffer xargs parallel
-time chroot unshare nsenter flatpak-spawn systemd-run script watch exec eval command builtin strace ltrace
-gdb expect
-""".split())
+#: the programs a placeholder may be passed to: each takes every operand after `--` as message text, never as an
+#: option, a file, a script or a command (notify-send: GOption, operands are the title and body; logger:
+#: getopt_long, operands are the message). Keep this list short: each entry must have been checked like that.
+DATA_PROGRAMS = frozenset({"notify-send", "logger"})
+#: where such a program must really live (after symlinks): folders only root can change
+SYSTEM_PROGRAM_DIRS = ("/usr/bin", "/bin")
+SAFE_FORM = ("pass model text through the environment or standard input instead: run = [\"/path/to/your-script\"] "
+             "(no placeholders), where the script reads \"$DESKEYE_SUMMARY\", \"$DESKEYE_OBJECT\", "
+             "\"$DESKEYE_KEY_OBJECTS\" (a JSON list) or the JSON document on its standard input "
+             "({\"hook\", \"summary\", \"object\", \"key_objects\"}); for a notification use notify = true or "
+             "run = [\"notify-send\", \"DeskEye\", \"--\", \"{summary}\"].")
 
 
 @dataclass(frozen=True)
@@ -193,35 +205,62 @@ def _run(value, fail) -> tuple[str, ...]:
         fail("the program (first element of 'run') cannot contain a placeholder; model text never picks the program.")
     if any("\x00" in a for a in value):
         fail("'run' contains a NUL character.")
-    _refuse_model_text_as_code(value, fail)
-    _refuse_model_text_as_options(value, fail)
-    return tuple(value)
+    if not any(PLACEHOLDER.search(a) for a in value[1:]):
+        return tuple(value)
+    program, program_problems = _data_program(value[0])
+    problems = program_problems + _options_problem(value)
+    if problems:
+        fail(" ".join(problems))
+    return (program, *value[1:])        # the resolved path: what was checked is what runs, whatever PATH says later
 
 
-def is_code_runner(program: str) -> bool:
-    """True for a shell, interpreter or wrapper, whatever its path, case, `.exe` or version (`python3.11`)."""
-    name = re.sub(r"\.(exe|com|bat|cmd)$", "", PurePath(program.replace("\\", "/")).name.lower())
-    return name in CODE_RUNNERS or re.sub(r"[\d.-]+$", "", name) in CODE_RUNNERS
-
-
-def _refuse_model_text_as_code(argv: list[str], fail) -> None:
-    if is_code_runner(argv[0]) and any(map(PLACEHOLDER.search, argv)):
-        fail(f"'run' passes model text to {argv[0]!r}, which runs its arguments as code or as another command "
-             "(shells, interpreters and wrappers such as env or xargs); put the logic in a script file and "
-             "run it with the placeholder as a plain argument, e.g. run = [\"/path/to/script\", \"--\", "
-             "\"{summary}\"].")
-
-
-def _refuse_model_text_as_options(argv: list[str], fail) -> None:
+def _options_problem(argv: list[str]) -> list[str]:
     """Model text must never be read as an option: placeholders only after `--`, never in an option's name."""
     end = argv.index(END_OF_OPTIONS) if END_OF_OPTIONS in argv else len(argv)
     for position, element in enumerate(argv[1:], start=1):
-        if not PLACEHOLDER.search(element):
-            continue
-        if re.match(r"^-+\{", element) or position < end:
-            fail(f"'run' element {element!r} holds a placeholder before '--': model text starting with '-' would "
-                 "reach the program as an option. Put \"--\" (the end of options) before the first placeholder, "
-                 "e.g. run = [\"notify-send\", \"DeskEye\", \"--\", \"{summary}\"].")
+        if PLACEHOLDER.search(element) and (re.match(r"^-+\{", element) or position < end):
+            return [f"'run' element {element!r} holds a placeholder before '--': model text starting with '-' "
+                    "would reach the program as an option. Put \"--\" (the end of options) before the first "
+                    "placeholder, e.g. run = [\"notify-send\", \"DeskEye\", \"--\", \"{summary}\"]."]
+    return []
+
+
+def _data_program(program: str) -> tuple[str, list[str]]:
+    """(its real path, []) if `program` may take model text in its arguments; else ("", [why not and the fix])."""
+    name = PurePath(program).name
+    if name not in DATA_PROGRAMS:
+        return "", [f"'run' puts model text in the arguments of {program!r}; DeskEye cannot know whether a program "
+                    "runs its arguments as code or reads them as options, files or scripts (sed, find, ssh, vim, "
+                    "xdg-open, shells and interpreters all do), so placeholders are allowed only for "
+                    f"{' and '.join(sorted(DATA_PROGRAMS))}, after \"--\". To fix: {SAFE_FORM}"]
+    real, why = _system_program(program)
+    if why:
+        return "", [f"{why} Placeholders are allowed only for the system's own {name}, which takes them as "
+                    f"message text. To fix: name the system's {name} (e.g. {SYSTEM_PROGRAM_DIRS[0]}/{name}), "
+                    f"or {SAFE_FORM}"]
+    return real, []
+
+
+def _system_program(program: str) -> tuple[str, str]:
+    """(the real path of `program`, "") if it is the system's own copy of its name; else ("", why not).
+
+    Symlinks are followed (a `notify-send` that links to python is python), and the file and its folder must be
+    in SYSTEM_PROGRAM_DIRS, owned by root and writable by no one else: a copy of an interpreter renamed `logger`
+    in a user's folder is not the system's logger."""
+    found = shutil.which(program)
+    if found is None:
+        return "", f"{program!r} is not installed or not executable (looked up on PATH)."
+    real = os.path.realpath(found)
+    name, folder = PurePath(program).name, os.path.dirname(real)
+    if PurePath(real).name != name:
+        return "", f"{program!r} is really {real!r}, not {name}."
+    if folder not in SYSTEM_PROGRAM_DIRS:
+        return "", f"{program!r} is {real!r}, outside the system folders ({', '.join(SYSTEM_PROGRAM_DIRS)})."
+    for path in (real, folder):
+        info = os.stat(path)
+        if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return "", f"{path!r} can be changed by a user other than root."
+    return real, ""
 
 
 def _url(value, fail) -> str:

@@ -1,9 +1,10 @@
 """Firing automation hooks on a description's key_objects: commands, URLs, notifications, key presses.
 
 Safety rules (model text is untrusted):
-- a command is an argv list run WITHOUT a shell; model text only ever lands inside single argv
-  elements, by literal one-pass substitution of {summary}, {object}, {key_objects} (no str.format),
-  and in the DESKEYE_SUMMARY / DESKEYE_OBJECT / DESKEYE_KEY_OBJECTS (JSON) environment variables;
+- a command is an argv list run WITHOUT a shell; model text reaches it as data: in the DESKEYE_SUMMARY,
+  DESKEYE_OBJECT, DESKEYE_KEY_OBJECTS (JSON list) environment variables and as one JSON document on its
+  standard input (`hook_document`); placeholders in argv exist only for the few programs `hook_rules`
+  allows (notify-send, logger, after `--`), filled by literal one-pass substitution (no str.format);
 - URLs, keys and typed text come only from the rule; pyautogui is imported only when a hook has keys;
 - per-hook cooldown on a monotonic clock; dry-run runs nothing;
 - `fire()` never blocks: each firing runs on its own thread, its command is killed after
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from deskeye.hook_rules import HookRule, fill_placeholders
 log = logging.getLogger(__name__)
 
 _STDERR_TAIL_CHARS = 300
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -165,13 +168,13 @@ class HookRunner:
         if rule.keys or rule.text:
             self._guarded(firing, lambda: self._press(rule.keys, rule.text))
         if proc is not None:
-            self._reap(proc, firing)
+            self._reap(proc, firing, hook_document(firing.hook, values))
 
     def _start(self, firing: Firing, values: dict[str, str]) -> subprocess.Popen | None:
         env = {**os.environ, "DESKEYE_HOOK": firing.hook, "DESKEYE_SUMMARY": values["summary"],
                "DESKEYE_OBJECT": values["object"], "DESKEYE_KEY_OBJECTS": values["key_objects_json"]}
         try:
-            proc = subprocess.Popen(firing.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            proc = subprocess.Popen(firing.argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, shell=False, start_new_session=os.name == "posix")
         except OSError as exc:
             firing.errors.append(f"cannot run {firing.argv[0]!r}: {exc.strerror or exc}")
@@ -183,9 +186,10 @@ class HookRunner:
             _kill(proc)
         return proc
 
-    def _reap(self, proc: subprocess.Popen, firing: Firing) -> None:
+    def _reap(self, proc: subprocess.Popen, firing: Firing, document: bytes) -> None:
+        """Write the JSON document to the command's stdin (a command that does not read it is fine), then wait."""
         try:
-            _, stderr = proc.communicate(timeout=self._command_timeout_s)
+            _, stderr = proc.communicate(document, timeout=self._command_timeout_s)
         except subprocess.TimeoutExpired:
             firing.timed_out = True
             firing.errors.append(f"killed after {self._command_timeout_s:g} s")
@@ -233,12 +237,21 @@ class HookRunner:
 
 
 def _values(summary: str, matched: str, key_objects: list[str]) -> dict[str, str]:
-    """Placeholder values; NUL characters (which no argv or environment can hold) are dropped."""
+    """The texts a command receives. NUL characters (which no argv or environment can hold) are dropped and
+    lone surrogates (which no UTF-8 can hold) become U+FFFD, so odd model output cannot stop the command."""
     def clean(text: str) -> str:
-        return text.replace("\x00", "")
+        return _LONE_SURROGATE.sub("\ufffd", text.replace("\x00", ""))
     cleaned = [clean(o) for o in key_objects]
     return {"summary": clean(summary), "object": clean(matched), "key_objects": ", ".join(cleaned),
             "key_objects_json": json.dumps(cleaned, ensure_ascii=False)}
+
+
+def hook_document(hook: str, values: dict[str, str]) -> bytes:
+    """What a command reads on stdin: one JSON object and a newline, UTF-8:
+    {"hook": name, "summary": text, "object": the matched key object, "key_objects": [all of them]}."""
+    document = {"hook": hook, "summary": values["summary"], "object": values["object"],
+                "key_objects": json.loads(values["key_objects_json"])}
+    return (json.dumps(document, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _kill(proc: subprocess.Popen) -> None:

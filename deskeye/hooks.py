@@ -1,8 +1,9 @@
 """Automation hooks: load the rules (DeskEye's defaults, then the user's file), build the runner, and
 the `deskeye hooks check` / `deskeye hooks fire` commands.
 
-The rule format and its validation live in `deskeye.hook_rules`; firing (commands without a shell,
-URLs, notifications, keys, cooldowns, audit log) in `deskeye.hook_runner`.
+The rule format and its validation (model text reaches a command only as data) live in
+`deskeye.hook_rules`; firing (commands without a shell, the text in their environment and as JSON on
+their stdin, URLs, notifications, keys, cooldowns, audit log) in `deskeye.hook_runner`.
 """
 
 from __future__ import annotations

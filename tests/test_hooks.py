@@ -3,7 +3,6 @@ the audit log, bad rule files, notifications on a real D-Bus, and the `deskeye h
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import stat
@@ -16,18 +15,19 @@ import pytest
 
 from deskeye.cli import main as deskeye_main
 from deskeye.errors import HookRuleError
-from deskeye.hook_rules import load_rules, parse_rules
+from deskeye.hook_rules import HookRule, load_rules, parse_rules
 from deskeye.hooks import HookRunner
 from deskeye.notify import Notifier
 from deskeye.prompt import Description
 
 REPO = Path(__file__).resolve().parent.parent
-# A script (not an interpreter: rules may not hand model text to one) run as [RECORDER, OUT, "--", ARGS...]:
-# appends {"argv": ARGS, "env": {DESKEYE_*}} as one JSON line to OUT.
+# A hook script in the safe form, run as [RECORDER, OUT] (model text never in argv): appends
+# {"argv": ARGS after OUT, "env": {DESKEYE_*}, "stdin": the JSON document it read} as one JSON line to OUT.
 RECORDER_CODE = ("import json, os, sys\n"
-                 "assert sys.argv[2] == '--', sys.argv\n"
                  "env = {k: v for k, v in os.environ.items() if k.startswith('DESKEYE_')}\n"
-                 "open(sys.argv[1], 'a', encoding='utf-8').write(json.dumps({'argv': sys.argv[3:], 'env': env}) + '\\n')\n")
+                 "stdin = json.loads(sys.stdin.buffer.read())\n"
+                 "open(sys.argv[1], 'a', encoding='utf-8').write(\n"
+                 "    json.dumps({'argv': sys.argv[2:], 'env': env, 'stdin': stdin}) + '\\n')\n")
 
 
 class FakeClock:
@@ -53,7 +53,7 @@ def recorder_script(folder: Path) -> str:
 
 
 def recorder_rule(out: Path, name: str = "mail", match: str = '["inbox", "邮件"]', cooldown_s: float = 60) -> str:
-    run = json.dumps([recorder_script(out.parent), str(out), "--", "{summary}", "{object}", "{key_objects}"])
+    run = json.dumps([recorder_script(out.parent), str(out)])
     return f'[[hook]]\nname = "{name}"\nmatch = {match}\nrun = {run}\ncooldown_s = {cooldown_s}\n'
 
 
@@ -76,7 +76,9 @@ def test_matching_hook_runs_a_real_subprocess_and_others_do_not(tmp_path):
     [firing] = fire_and_wait(runner, Description("Mail client open", ["Toolbar", "INBOX (3 unread)", "Calendar"]))
     assert (firing.hook, firing.matched_object, firing.exit_code, firing.errors) == ("mail", "INBOX (3 unread)", 0, [])
     [call] = recorded(out)
-    assert call["argv"] == ["Mail client open", "INBOX (3 unread)", "Toolbar, INBOX (3 unread), Calendar"]
+    assert call["argv"] == []
+    assert call["stdin"] == {"hook": "mail", "summary": "Mail client open", "object": "INBOX (3 unread)",
+                             "key_objects": ["Toolbar", "INBOX (3 unread)", "Calendar"]}
     assert call["env"] == {"DESKEYE_HOOK": "mail", "DESKEYE_SUMMARY": "Mail client open",
                            "DESKEYE_OBJECT": "INBOX (3 unread)",
                            "DESKEYE_KEY_OBJECTS": json.dumps(["Toolbar", "INBOX (3 unread)", "Calendar"])}
@@ -124,7 +126,7 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("payload", HOSTILE)
-def test_model_text_reaches_the_command_as_one_literal_argv_element(tmp_path, payload):
+def test_model_text_reaches_the_command_only_as_data_in_env_and_stdin(tmp_path, payload):
     canary = tmp_path / "PWNED"
     payload = payload.replace("{canary}", str(canary))
     out = tmp_path / "calls.jsonl"
@@ -132,13 +134,17 @@ def test_model_text_reaches_the_command_as_one_literal_argv_element(tmp_path, pa
     runner = HookRunner(load_rules(write_rules(tmp_path, recorder_rule(out, match='["inbox"]'))), audit_path=audit)
     [firing] = fire_and_wait(runner, Description(payload, [f"inbox {payload}", payload]))
     [call] = recorded(out)
-    assert call["argv"] == [payload, f"inbox {payload}", f"inbox {payload}, {payload}"]
+    assert call["argv"] == []                                   # nothing of the model text in argv
+    assert call["stdin"] == {"hook": "mail", "summary": payload, "object": f"inbox {payload}",
+                             "key_objects": [f"inbox {payload}", payload]}
     assert call["env"]["DESKEYE_SUMMARY"] == payload
+    assert call["env"]["DESKEYE_OBJECT"] == f"inbox {payload}"
     assert json.loads(call["env"]["DESKEYE_KEY_OBJECTS"]) == [f"inbox {payload}", payload]
     assert not canary.exists()
     [line] = audit.read_text(encoding="ascii").splitlines()   # hostile newlines cannot split the audit line
     entry = json.loads(line)
-    assert entry["argv"][3:] == [payload, f"inbox {payload}", f"inbox {payload}, {payload}"]
+    assert entry["argv"] == [recorder_script(tmp_path), str(out)]
+    assert entry["key_objects"] == [f"inbox {payload}", payload]
     assert (entry["hook"], entry["object"], entry["dry_run"], entry["exit_code"]) == \
         ("mail", f"inbox {payload}", False, 0)
     assert firing.argv == entry["argv"]
@@ -150,7 +156,9 @@ def test_dry_run_runs_nothing_and_audits(tmp_path):
     [firing] = fire_and_wait(runner, Description("s", ["inbox"]))
     assert firing.dry_run and firing.exit_code is None and not out.exists()
     entry = json.loads(audit.read_text())
-    assert (entry["dry_run"], entry["exit_code"], entry["argv"][-3:]) == (True, None, ["s", "inbox", "inbox"])
+    assert (entry["dry_run"], entry["exit_code"]) == (True, None)
+    assert entry["argv"] == [recorder_script(tmp_path), str(out)]
+    assert (entry["object"], entry["key_objects"]) == ("inbox", ["inbox"])
 
 
 def test_fire_does_not_wait_for_the_command_and_close_kills_it(tmp_path):
@@ -174,7 +182,7 @@ def test_command_past_its_timeout_is_killed_and_reaped(tmp_path):
 
 def test_missing_program_is_reported_not_raised(tmp_path):
     path = write_rules(tmp_path, '[[hook]]\nname = "gone"\nmatch = ["x"]\n'
-                                 'run = ["/nonexistent/deskeye-tool", "--", "{summary}"]\n')
+                                 'run = ["/nonexistent/deskeye-tool"]\n')
     [firing] = fire_and_wait(HookRunner(load_rules(path)), Description("s", ["x"]))
     assert not firing.ok and "cannot run '/nonexistent/deskeye-tool'" in firing.errors[0]
 
@@ -257,9 +265,10 @@ def test_hooks_fire_command_runs_the_matching_hooks_like_the_app(tmp_path):
          "--key-objects", json.dumps(["Inbox (2)", "Desk"]), "--summary", summary],
         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    argv = [recorder_script(tmp_path), str(out), "--", summary, "Inbox (2)", "Inbox (2), Desk"]
+    argv = [recorder_script(tmp_path), str(out)]
     assert done.stdout.splitlines() == [f'fired mail on "Inbox (2)": run {json.dumps(argv)} -> exit 0']
-    assert recorded(out)[0]["argv"] == [summary, "Inbox (2)", "Inbox (2), Desk"]
+    assert recorded(out)[0]["stdin"] == {"hook": "mail", "summary": summary, "object": "Inbox (2)",
+                                         "key_objects": ["Inbox (2)", "Desk"]}
     assert opened.read_text() == "https://mail.example.org/inbox"
     assert json.loads(audit.read_text())["open_url"] == "https://mail.example.org/inbox"
     assert not (tmp_path / "PWNED").exists()
@@ -354,17 +363,18 @@ def test_an_option_in_model_text_never_reaches_tar(tmp_path):
     member.write_text("notes")
     hostile = Description("s", [f"--use-compress-program=touch {canary}"])
     # the trap is real: the rule without '--', built past the loader's checks, makes tar run the program
-    [checked] = parse_rules({"hook": [tar_rule(tmp_path / "a.tar", member, end_of_options=True)]}, "t")
-    unchecked = dataclasses.replace(checked, run=tuple(a for a in checked.run if a != "--"))
+    unsafe = tar_rule(tmp_path / "a.tar", member, end_of_options=False)
+    unchecked = HookRule(name=unsafe["name"], source="t", keywords=tuple(unsafe["match"]), run=tuple(unsafe["run"]))
     fire_and_wait(HookRunner([unchecked], command_timeout_s=20), hostile)
     assert canary.exists(), "tar did not run the compress program: the trap is broken"
     canary.unlink()
 
     with pytest.raises(HookRuleError, match="before '--'"):
-        parse_rules({"hook": [tar_rule(tmp_path / "b.tar", member, end_of_options=False)]}, "t")
-    [firing] = fire_and_wait(HookRunner([checked], command_timeout_s=20), hostile)
-    assert firing.argv[3:5] == ["--", hostile.key_objects[0]]     # an operand: a file name tar does not find
-    assert firing.exit_code != 0 and not canary.exists()
+        parse_rules({"hook": [unsafe]}, "t")
+    # after '--' tar still reads model text as a file to archive: refused too, naming the safe form
+    with pytest.raises(HookRuleError, match=r"allowed only for logger and notify-send.*\$DESKEYE_SUMMARY"):
+        parse_rules({"hook": [tar_rule(tmp_path / "b.tar", member, end_of_options=True)]}, "t")
+    assert not canary.exists()
 
 
 CODE_RUNNER_RULES = [
