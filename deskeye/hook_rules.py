@@ -43,6 +43,7 @@ import re2
 import tomllib
 
 from deskeye.errors import HookRuleError
+from deskeye.settings import read_regular_text
 
 KNOWN_KEYS = ("name", "match", "regex", "run", "open_url", "keys", "text", "notify", "cooldown_s")
 DEFAULT_COOLDOWN_S = 60.0
@@ -57,6 +58,7 @@ _NAMED_KEYS = frozenset(
 _SINGLE_KEY = re.compile(r"^[a-z0-9`\-=\[\]\\;',./]$")
 END_OF_OPTIONS = "--"
 MAX_REGEX_CHARS = 1000
+MAX_RULES_FILE_BYTES = 1 << 20     # a hooks file is a few KB; more is a mistake (or a device)
 MAX_REGEX_MEMORY_BYTES = 1 << 20
 #: the programs a placeholder may be passed to: each takes every operand after `--` as message text, never as an
 #: option, a file, a script or a command (notify-send: GOption, operands are the title and body; logger:
@@ -107,10 +109,11 @@ class HookRule:
 def load_rules(path: Path) -> list[HookRule]:
     """Read and validate one hooks file."""
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        data = tomllib.loads(read_regular_text(Path(path), max_bytes=MAX_RULES_FILE_BYTES, what="hooks file",
+                                               error=HookRuleError))
     except FileNotFoundError:
         raise HookRuleError(f"{path}: hooks file not found.") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise HookRuleError(f"{path}: cannot read the hooks file ({exc}).") from None
     except tomllib.TOMLDecodeError as exc:
         raise HookRuleError(f"{path}: not valid TOML ({exc}).") from None

@@ -36,6 +36,10 @@ FADE_STEPS = 8
 FADE_STEP_MS = 50
 PAD_PX = 10
 MIN_HEIGHT_PX = 40
+MAX_SUMMARY_CHARS = 1000      # what the window shows at most (answers are 200; notices and errors a few lines)
+MAX_KEY_OBJECTS = 16
+MAX_OBJECT_CHARS = 80
+ELLIPSIS = "…"
 
 
 class Kind(enum.StrEnum):
@@ -52,13 +56,23 @@ HEADINGS = {Kind.ANSWER: "DeskEye", Kind.THINKING: "DeskEye · thinking…", Kin
 
 @dataclass(frozen=True)
 class OverlayContent:
+    """What the window shows, cut to what it can show: text from the screen (a window title in a notice, an
+    error quoting input) can be megabytes, and Tk would lay all of it out on its one thread."""
     kind: Kind
     summary: str
     key_objects: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "kind", Kind(self.kind))
-        object.__setattr__(self, "key_objects", tuple(self.key_objects))
+        object.__setattr__(self, "summary", bounded_text(self.summary, MAX_SUMMARY_CHARS))
+        objects = tuple(bounded_text(o, MAX_OBJECT_CHARS) for o in tuple(self.key_objects)[:MAX_KEY_OBJECTS])
+        object.__setattr__(self, "key_objects", objects)
+
+
+def bounded_text(text: str, max_chars: int) -> str:
+    """`text` if it has at most `max_chars` characters, else its head cut to `max_chars` with an ellipsis."""
+    text = str(text)
+    return text if len(text) <= max_chars else text[:max_chars - 1] + ELLIPSIS
 
 
 class Overlay:

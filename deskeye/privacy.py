@@ -6,6 +6,7 @@ the top-level window under the pointer (no window manager: focus follows the poi
 not look while a window with an excluded title is visible anywhere in the watched region, even when it is
 not active (a one-shot `deskeye describe --region` runs from a terminal, which is the active window).
 Frames are refused before any request is made; the app and the one-shot commands give the same reason.
+A title is matched whole but shown cut to MAX_SHOWN_TITLE_CHARS: any program can set a title of megabytes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 MAX_TREE_DEPTH = 16
 XDOTOOL_TIMEOUT_S = 2.0
+MAX_SHOWN_TITLE_CHARS = 200       # a window title in a notice: enough to recognise the window
+ELLIPSIS = "…"
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,21 @@ class PrivacyVerdict:
 
     @property
     def reason(self) -> str:
-        return (f"DeskEye is not looking: {self.where} ({self.title!r}) matches the exclusion entry "
-                f"{self.matched!r}. Nothing was captured or sent.") if self.is_excluded else ""
+        return (f"DeskEye is not looking: {self.where} ({shown_title(self.title)!r}) matches the exclusion entry "
+                f"{shown_title(self.matched)!r}. Nothing was captured or sent.") if self.is_excluded else ""
+
+
+def shown_title(title: str | None, max_chars: int = MAX_SHOWN_TITLE_CHARS) -> str:
+    """A window title as it may be shown to the user: on one line (control characters become spaces) and at most
+    `max_chars` characters, cut with an ellipsis. Only the head is looked at, so a title of megabytes costs
+    nothing here."""
+    if not title:
+        return ""
+    head = title[:max_chars + 1]
+    text = "".join(" " if ch < " " or ch == "\x7f" else ch for ch in head).strip()
+    if len(title) > max_chars or len(text) > max_chars:
+        return text[:max_chars - 1].rstrip() + ELLIPSIS
+    return text
 
 
 def matching_exclusion(title: str | None, excluded_titles: list[str]) -> str:

@@ -17,13 +17,12 @@ import hashlib
 import json
 import logging
 import math
-import os
 import pickle
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from deskeye.errors import RouterDataError, UsageError
+from deskeye.settings import read_regular_text, write_file_atomically
 from deskeye.textlang import detect_lang
 
 log = logging.getLogger(__name__)
@@ -34,6 +33,7 @@ FEATURES_VERSION = "charwb-1-4-tfidf-linearsvc-v1"   # bump when the pipeline ch
 NGRAM_RANGE = (1, 4)
 SVM_C = 1.0
 CV_FOLDS = 5
+MAX_DATA_FILE_BYTES = 16 << 20      # the shipped file is 16 KB; a labelled set this big is not one
 
 
 @dataclass(frozen=True)
@@ -67,16 +67,21 @@ def find_data_file(rules_dir: Path) -> Path:
 def load_examples(path: Path) -> list[Example]:
     """Read `tier<TAB>query` lines (a `.csv` uses commas); the first line is the header."""
     sep = "," if path.suffix == ".csv" else "\t"
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RouterDataError(f"{path}: cannot read the router data ({exc}).") from None
+    lines = read_data(path).splitlines()
     examples = [_parse_line(path, number, text, sep) for number, text in enumerate(lines[1:], start=2)
                 if text.strip() and not text.startswith("#")]
     missing = [t for t in TIERS if not any(e.tier == t for e in examples)]
     if missing:
         raise RouterDataError(f"{path}: no examples for tier(s) {', '.join(missing)}; each tier needs some.")
     return examples
+
+
+def read_data(path: Path) -> str:
+    """The data file's text: a regular UTF-8 file of at most MAX_DATA_FILE_BYTES, else RouterDataError."""
+    try:
+        return read_regular_text(path, max_bytes=MAX_DATA_FILE_BYTES, what="router data file", error=RouterDataError)
+    except FileNotFoundError:
+        raise RouterDataError(f"{path}: the router data file is gone; set router.data_dir in settings.") from None
 
 
 def _parse_line(path: Path, number: int, text: str, sep: str) -> Example:
@@ -120,7 +125,7 @@ class Router:
     def load(cls, settings, *, cache_dir: Path | None = None) -> "Router":
         """The router for settings.rules_dir's data: from the cache if the data is unchanged, else trained."""
         path = find_data_file(settings.rules_dir)
-        data = path.read_bytes()
+        data = read_data(path).encode("utf-8")
         cache_path = (cache_dir or default_cache_dir()) / f"router-{cache_key(data)}.pkl"
         pipeline = _read_cache(cache_path)
         if pipeline is None:
@@ -175,15 +180,14 @@ def _read_cache(path: Path):
 
 
 def _write_cache(path: Path, pipeline) -> None:
+    """Cache the trained pipeline atomically (a full disk leaves no partial or temp file), then drop older caches."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=".router-", delete=False) as f:
-            pickle.dump(pipeline, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(f.name, path)
+        write_file_atomically(path, pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL))
         for old in path.parent.glob("router-*.pkl"):
             if old != path:
                 old.unlink(missing_ok=True)
-    except OSError as exc:
+    except (OSError, pickle.PicklingError) as exc:
         log.warning("could not cache the router in %s (%s); it will be retrained next time", path.parent, exc)
 
 

@@ -3,12 +3,20 @@
 The file is TOML at `<platform config dir>/deskeye/settings.toml` (platformdirs). Every option, its
 default and its meaning is written by `deskeye settings --init` (generated from these dataclasses by
 deskeye/settings_cli.py; an option's `# comment` here describes it unless that file's table does).
+
+Every number carries its allowed range (`_bounded`): a value that is not finite or out of range is refused
+at load, naming the key and the range, instead of breaking a timer or a font later. The file itself must be
+a regular UTF-8 file of at most MAX_SETTINGS_FILE_BYTES (a folder, a FIFO or a device is refused before it is
+read, so nothing blocks), and settings are written atomically (`write_file_atomically`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import stat
+import tempfile
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -16,6 +24,47 @@ from typing import Any, get_args, get_origin
 
 from deskeye.errors import SettingsError
 
+MAX_SETTINGS_FILE_BYTES = 1 << 20     # a settings file is a few KB; a bigger "file" is a mistake (or /dev/zero)
+_BOUNDS = "deskeye.bounds"            # dataclass field metadata key
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The allowed range of a number setting (inclusive), as the error message and `settings --init` say it."""
+    low: int | float
+    high: int | float
+    unit: str = ""                    # "seconds", "pixels", ...
+    note: str = ""                    # what a special value means, e.g. "0 = keep it"
+
+    def allows(self, value: Any, type_name: str) -> bool:
+        kinds = int if type_name == "int" else (int, float)
+        return (isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+                and self.low <= value <= self.high)
+
+    def describe(self, type_name: str) -> str:
+        noun = "an integer" if type_name == "int" else "a number"
+        unit = f" of {self.unit}" if self.unit else ""
+        note = f" ({self.note})" if self.note else ""
+        return f"{noun}{unit} from {self.low} to {self.high}{note}"
+
+
+def _bounded(default: int | float, low: int | float, high: int | float, unit: str = "", note: str = ""):
+    """A number field with its allowed range; checked by _check_numbers in the section's __post_init__."""
+    return field(default=default, metadata={_BOUNDS: Bounds(low, high, unit, note)})
+
+
+def field_bounds(f: dataclasses.Field) -> Bounds | None:
+    return f.metadata.get(_BOUNDS)
+
+
+def _check_numbers(section_obj: Any, section: str) -> None:
+    """Every bounded number of a section is finite and in its range (NaN, inf and 2**63 fail here, not later)."""
+    for f in fields(section_obj):
+        bounds = field_bounds(f)
+        if bounds is not None:
+            value = getattr(section_obj, f.name)
+            _check(bounds.allows(value, str(f.type)), f"{section}.{f.name}", bounds.describe(str(f.type)),
+                   value=value)
 
 
 def package_rules_dir() -> Path:
@@ -32,27 +81,19 @@ DEFAULT_EXCLUDED_TITLES = [
 
 @dataclass
 class CaptureSettings:
-    monitor: int = 1                  # 1 = primary; 0 = all monitors stitched; 2.. = others (mss numbering)
+    monitor: int = _bounded(1, 0, 16, note="0 = all monitors, 1 = primary")   # 1 = primary; 0 = all stitched
     region: str = ""                  # "X,Y,W,H" in pixels from the monitor's top-left; "" = 800x600 centred
-    interval_s: float = 3.0           # seconds between grabs
-    change_threshold: int = 12        # grey-level difference (0-255) of a 64x48 thumbnail cell that counts as changed
-    min_changed_percent: float = 0.8  # a change over at least this % of the cells is described at once
-    small_change_interval_s: float = 60.0   # a smaller change (clock, cursor, spinner) at most this often; 0 = never
+    interval_s: float = _bounded(3.0, 0.2, 86_400, "seconds")          # seconds between grabs
+    change_threshold: int = _bounded(12, 0, 255, "grey levels")       # a 64x48 thumbnail cell's change that counts
+    min_changed_percent: float = _bounded(0.8, 0, 100, "percent")     # a change this wide is described at once
+    small_change_interval_s: float = _bounded(60.0, 0, 86_400, "seconds",
+                                              "0 = small changes are never described on their own")
     excluded_titles: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDED_TITLES))
     extra_excluded_titles: list[str] = field(default_factory=list)   # the user's additions
     debug_save_frames_dir: str = ""   # "" = never write a screenshot to disk
 
     def __post_init__(self):
-        _check(self.monitor >= 0, "capture.monitor", "an integer >= 0 (0 = all, 1 = primary)",
-               value=self.monitor)
-        _check(self.interval_s >= 0.2, "capture.interval_s", "a number of seconds >= 0.2", value=self.interval_s)
-        _check(0 <= self.change_threshold <= 255, "capture.change_threshold", "an integer from 0 to 255",
-               value=self.change_threshold)
-        _check(0 <= self.min_changed_percent <= 100, "capture.min_changed_percent", "a percentage from 0 to 100",
-               value=self.min_changed_percent)
-        _check(self.small_change_interval_s >= 0, "capture.small_change_interval_s",
-               "a number of seconds >= 0 (0 = small changes are never described on their own)",
-               value=self.small_change_interval_s)
+        _check_numbers(self, "capture")
         if self.region:
             parse_region(self.region, key="capture.region")
 
@@ -76,18 +117,15 @@ class HotkeySettings:
 
 @dataclass
 class OverlaySettings:
-    fade_after_s: float = 8.0         # hide the answer after this many seconds; 0 = keep it
-    alpha: float = 0.88               # window opacity (needs a compositor to blend)
-    width_px: int = 420
-    margin_px: int = 16
-    font_size: int = 11
+    fade_after_s: float = _bounded(8.0, 0, 86_400, "seconds", "0 = keep it")   # hide the answer after this
+    alpha: float = _bounded(0.88, 0.1, 1.0)                  # window opacity (needs a compositor to blend)
+    width_px: int = _bounded(420, 120, 8192, "pixels")
+    margin_px: int = _bounded(16, 0, 2000, "pixels")
+    font_size: int = _bounded(11, 6, 72, "points")
     position: str = "bottom-right"    # corner of the monitor: bottom-right | top-right | bottom-left | top-left
 
     def __post_init__(self):
-        _check(self.fade_after_s >= 0, "overlay.fade_after_s", "a number of seconds >= 0", value=self.fade_after_s)
-        _check(0.1 <= self.alpha <= 1.0, "overlay.alpha", "a number from 0.1 to 1.0", value=self.alpha)
-        _check(self.width_px >= 120, "overlay.width_px", "an integer >= 120", value=self.width_px)
-        _check(self.margin_px >= 0, "overlay.margin_px", "an integer >= 0", value=self.margin_px)
+        _check_numbers(self, "overlay")
         from deskeye.placement import POSITIONS
         _check(self.position in POSITIONS, "overlay.position", " | ".join(POSITIONS), value=self.position)
 
@@ -105,11 +143,11 @@ class WorkerSettings:
     api_key: str = ""                 # key for `url`; "" = read the environment variable below
     api_key_env: str = "DESKEYE_WORKER_API_KEY"
     remote_model: str = ""            # model name to ask an external server for ("" = its first model)
-    startup_timeout_s: float = 180.0
-    request_timeout_s: float = 120.0
-    max_restarts: int = 5             # restarts within restart_window_s before giving up
-    restart_window_s: float = 300.0
-    max_tokens: int = 256
+    startup_timeout_s: float = _bounded(180.0, 1, 86_400, "seconds")
+    request_timeout_s: float = _bounded(120.0, 1, 3600, "seconds")
+    max_restarts: int = _bounded(5, 0, 100)                 # restarts within restart_window_s before giving up
+    restart_window_s: float = _bounded(300.0, 1, 86_400, "seconds")
+    max_tokens: int = _bounded(256, 16, 32_768, "tokens")
     ground_with_ocr: bool = False     # add the OCR text of the frame to the model's prompt
 
     def __post_init__(self):
@@ -119,43 +157,41 @@ class WorkerSettings:
                value=self.dtype)
         _check(self.url == "" or self.url.startswith(("http://", "https://")), "worker.url",
                "an http:// or https:// URL, or \"\" to run DeskEye's own worker", value=self.url)
-        _check(self.max_tokens >= 16, "worker.max_tokens", "an integer >= 16", value=self.max_tokens)
+        _check_numbers(self, "worker")
 
 
 @dataclass
 class MemorySettings:
-    turns: int = 3                    # (question, answer) turns carried into the next prompt
+    turns: int = _bounded(3, 0, 20)   # (question, answer) turns carried into the next prompt
 
     def __post_init__(self):
-        _check(0 <= self.turns <= 20, "memory.turns", "an integer from 0 to 20", value=self.turns)
+        _check_numbers(self, "memory")
 
 
 @dataclass
 class RouterSettings:
     data_dir: str = ""                # "" = the router data shipped with DeskEye (deskeye/rules/)
-    min_confidence: float = 0.0       # below this a quick/deep verdict falls back to standard
+    min_confidence: float = _bounded(0.0, 0.0, 0.999, note="0 = never fall back")   # else standard below this
 
     def __post_init__(self):
-        _check(0.0 <= self.min_confidence < 1.0, "router.min_confidence", "a number from 0 to 1 (0 = never fall back)",
-               value=self.min_confidence)
+        _check_numbers(self, "router")
 
 
 @dataclass
 class ProviderSettings:
     calendar_ics: str = ""            # path to an .ics file for "next meeting" / "am I free at 4pm"
     imap_host: str = ""
-    imap_port: int = 993
+    imap_port: int = _bounded(993, 1, 65_535)
     imap_user: str = ""
     imap_password_env: str = "DESKEYE_IMAP_PASSWORD"   # else the OS keyring, service "deskeye-imap"
     imap_tls: bool = True             # False only for a local test server
     imap_ca_file: str = ""            # PEM CA file to trust for imap_host, e.g. a self-signed server's ("" = system CAs)
     imap_mailbox: str = "INBOX"       # the mailbox whose unseen messages are counted
-    imap_timeout_s: float = 5.0       # connect/read timeout for the IMAP server, seconds
+    imap_timeout_s: float = _bounded(5.0, 0.1, 300, "seconds")   # connect/read timeout for the IMAP server
+    quick_answer_timeout_s: float = _bounded(3.0, 0.1, 300, "seconds")   # a slower quick answer is given up
 
     def __post_init__(self):
-        _check(1 <= self.imap_port <= 65535, "providers.imap_port", "a TCP port from 1 to 65535", value=self.imap_port)
-        _check(self.imap_timeout_s > 0, "providers.imap_timeout_s", "a number of seconds > 0",
-               value=self.imap_timeout_s)
+        _check_numbers(self, "providers")
         _check(bool(self.imap_mailbox.strip()), "providers.imap_mailbox", "a mailbox name such as INBOX",
                value=self.imap_mailbox)
 
@@ -166,11 +202,10 @@ class HookSettings:
     dry_run: bool = False             # log what would run, run nothing
     enabled: bool = True
     audit_log: str = ""               # JSON-lines audit of every firing; "" = <platform log dir>/deskeye/hooks.log
-    command_timeout_s: float = 10.0   # a hook's command is killed after this many seconds
+    command_timeout_s: float = _bounded(10.0, 0.1, 3600, "seconds")   # a hook's command is killed after this
 
     def __post_init__(self):
-        _check(self.command_timeout_s > 0, "hooks.command_timeout_s", "a number of seconds > 0",
-               value=self.command_timeout_s)
+        _check_numbers(self, "hooks")
 
 
 @dataclass
@@ -214,15 +249,107 @@ def parse_region(text: str, *, key: str = "--region") -> tuple[int, int, int, in
 
 
 def load_settings(path: Path | None = None) -> Settings:
-    """Read settings from `path` (default: the platform config file; missing file = defaults)."""
+    """Read settings from `path` (default: the platform config file; a missing or empty file = defaults)."""
     path = path or default_settings_path()
-    if not path.exists():
+    try:
+        text = read_regular_text(path, max_bytes=MAX_SETTINGS_FILE_BYTES, what="settings file")
+    except FileNotFoundError:
         return Settings(config_dir=path.parent)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from None
     return settings_from_dict(data, source=str(path), config_dir=path.parent)
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_regular_text(path: Path, *, max_bytes: int, what: str, error: type[Exception] = SettingsError) -> str:
+    """The UTF-8 text of a regular file of at most `max_bytes`. A folder, FIFO, device or socket is refused from
+    its stat before it is opened (nothing blocks, /dev/zero is not read), and the file is opened non-blocking and
+    checked again, so one swapped in meanwhile is refused too. A missing file raises FileNotFoundError (the
+    caller decides what that means); anything else raises `error` naming the file, what was wrong and the fix."""
+    try:
+        _check_regular(path, os.stat(path), max_bytes, what, error)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what}: {exc.strerror or exc}.") from None
+    try:
+        _check_regular(path, os.fstat(fd), max_bytes, what, error)
+        data = _read_at_most(fd, max_bytes + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what}: {exc.strerror or exc}.") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise error(f"{path}: over {max_bytes} bytes, too large for a {what}; check that the path names the "
+                    "right file.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not valid UTF-8 at byte offset {exc.start} (0x{data[exc.start]:02x}); "
+                    f"save the {what} as UTF-8.") from None
+
+
+def _check_regular(path: Path, info: os.stat_result, max_bytes: int, what: str, error: type[Exception]) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for is_kind, name in _FILE_KINDS if is_kind(info.st_mode)), "not a regular file")
+        raise error(f"{path}: is {kind}; the {what} must be a regular file: give the path of one.")
+    if info.st_size > max_bytes:
+        raise error(f"{path}: {info.st_size} bytes, too large for a {what} (at most {max_bytes}); check that "
+                    "the path names the right file.")
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, min(1 << 16, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` by `data` in one step: a temp file in the same folder (mode 0600), written, fsync'd, then
+    os.replace'd over it. On any failure (a full disk, a size limit, an interrupt) the temp file is removed and
+    raised past: `path` stays as it was, never empty or half written. The folder must exist."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable where the platform allows it (best effort: the data is already safe)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def settings_from_dict(data: dict[str, Any], *, source: str = "settings", config_dir: Path | None = None) -> Settings:
@@ -261,7 +388,9 @@ def _check_type(section: str, key: str, value: Any, f: dataclasses.Field, source
     if ok and str(f.type) == "list[str]":
         ok = all(isinstance(v, str) for v in value)
     if not ok:
-        raise SettingsError(f"{source}: {section}.{key} must be {f.type}; got {value!r}.")
+        bounds = field_bounds(f)
+        allowed = f" ({bounds.describe(str(f.type))})" if bounds else ""
+        raise SettingsError(f"{source}: {section}.{key} must be {f.type}{allowed}; got {value!r}.")
 
 
 _UNSET = object()

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
+import stat
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from deskeye.settings import Settings, default_settings_path
+from deskeye.errors import SettingsError
+from deskeye.settings import Settings, default_settings_path, field_bounds, write_file_atomically
 
 SECTION_DESCRIPTIONS = {
     "capture": "What part of the screen DeskEye watches, and how often.",
@@ -33,7 +36,7 @@ SECTION_DESCRIPTIONS = {
 DESCRIPTIONS = {
     "capture.monitor": "Monitor to capture: 1 = primary, 2.. = others, 0 = all monitors stitched together.",
     "capture.region": 'Screen region "X,Y,W,H" in pixels; "" = an 800x600 region centred on the monitor.',
-    "capture.interval_s": "Seconds between grabs (>= 0.2).",
+    "capture.interval_s": "Seconds between grabs.",
     "capture.change_threshold": "How much a cell of the 64x48 grey thumbnail must move (grey levels, 0-255) to "
                                 "count as changed. Unchanged frames are skipped.",
     "capture.min_changed_percent": "A change over at least this percentage of the thumbnail's cells (about one "
@@ -50,8 +53,8 @@ DESCRIPTIONS = {
     "hotkeys.pause": "Pause / resume the capture loop.",
     "hotkeys.ask": "Open the Ask box (type a question, Enter to ask, Esc to close).",
     "overlay.fade_after_s": "Hide the answer after this many seconds; 0 = keep it until the next one.",
-    "overlay.alpha": "Window opacity, 0.1-1.0 (blending needs a compositor).",
-    "overlay.width_px": "Window width in pixels (>= 120).",
+    "overlay.alpha": "Window opacity (blending needs a compositor).",
+    "overlay.width_px": "Window width in pixels.",
     "overlay.margin_px": "Distance from the screen corner in pixels.",
     "overlay.position": "Corner of the monitor (inside the panels' work area): bottom-right | top-right | "
                         "bottom-left | top-left. The default capture region keeps out of that side's column.",
@@ -71,9 +74,9 @@ DESCRIPTIONS = {
     "worker.request_timeout_s": "Seconds to wait for one answer.",
     "worker.max_restarts": "Restarts of a crashed worker allowed within restart_window_s before giving up.",
     "worker.restart_window_s": "The window, in seconds, for max_restarts.",
-    "worker.max_tokens": "Longest answer, in tokens (>= 16).",
+    "worker.max_tokens": "Longest answer, in tokens.",
     "worker.ground_with_ocr": "Also give the model the text OCR reads on the frame.",
-    "memory.turns": "(question, answer) turns carried into the next prompt, 0-20.",
+    "memory.turns": "(question, answer) turns carried into the next prompt.",
     "router.data_dir": 'Folder with the router\'s training data; "" = the data shipped with DeskEye (deskeye/rules/).',
     "router.min_confidence": "Below this confidence a quick or deep verdict falls back to standard.",
     "providers.calendar_ics": 'An .ics file for "next meeting" and "am I free at 4pm"; "" = none.',
@@ -83,6 +86,8 @@ DESCRIPTIONS = {
     "providers.imap_password_env": 'Environment variable with the IMAP password; else the OS keyring, '
                                    'service "deskeye-imap".',
     "providers.imap_tls": "Use TLS (false only for a local test server).",
+    "providers.quick_answer_timeout_s": "Seconds a quick answer (calendar, mail) may take; a slower one is given "
+                                        "up and you are told why.",
     "hooks.rules_file": 'Your hooks.toml; "" = hooks.toml in the settings folder, if it exists.',
     "hooks.dry_run": "Log what hooks would run; run nothing.",
     "hooks.enabled": "Fire hooks at all.",
@@ -117,6 +122,12 @@ def section_fields() -> dict[str, list[dataclasses.Field]]:
             for f in dataclasses.fields(Settings) if f.name != "config_dir"}
 
 
+def option_kind(option: dataclasses.Field) -> str:
+    """The option's type, and for a number its allowed range: "float, 0.2 to 86400"."""
+    bounds = field_bounds(option)
+    return f"{option.type}, {bounds.low} to {bounds.high}" if bounds else str(option.type)
+
+
 def toml_value(value: Any) -> str:
     import tomli_w
     return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
@@ -135,7 +146,7 @@ def documented_toml(settings: Settings | None = None, *, commented: bool = True)
         for option in options:
             value = getattr(getattr(settings, section), option.name)
             if commented:
-                lines += _comment(f"{describe_option(section, option.name)} ({option.type})")
+                lines += _comment(f"{describe_option(section, option.name)} ({option_kind(option)})")
             lines.append(f"{option.name} = {toml_value(value)}")
     return "\n".join(lines).lstrip("\n") + "\n"
 
@@ -144,24 +155,46 @@ def _comment(text: str) -> list[str]:
     return [f"# {line}" for line in textwrap.wrap(text, width=100)]
 
 
-def init_settings_file(path: Path) -> bool:
-    """Write the documented defaults to `path` unless a file is there. True if written."""
-    if path.exists():
+def is_empty_file(path: Path) -> bool:
+    """A 0-byte regular file: it holds no settings (the defaults are in effect), so --init may replace it.
+    Such a file is what an interrupted write of an older DeskEye left behind on a full disk."""
+    try:
+        info = os.stat(path)
+    except OSError:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(documented_toml(), encoding="utf-8")
+    return stat.S_ISREG(info.st_mode) and info.st_size == 0
+
+
+def init_settings_file(path: Path) -> bool:
+    """Write the documented defaults to `path` unless settings are there (an empty file holds none). True if
+    written. The write is atomic: on a full disk it raises SettingsError and leaves no file, no temp file and
+    an existing empty file as it was."""
+    target = path.resolve()             # a symlinked settings file is written where it points
+    if target.exists() and not is_empty_file(target):
+        return False
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomically(target, documented_toml().encode("utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"cannot write {path}: {exc.strerror or exc}; nothing was changed. Free some space "
+                            "or choose another file with --settings PATH.") from None
     return True
 
 
 def cmd_settings(args, settings: Settings) -> int:
     path = Path(args.settings) if getattr(args, "settings", None) else default_settings_path()
     if args.init:
+        was_empty = is_empty_file(path)
         if init_settings_file(path):
-            print(f"Wrote the documented defaults to {path}", file=sys.stderr)
+            replaced = "Replaced the empty settings file with" if was_empty else "Wrote"
+            print(f"{replaced} the documented defaults to {path}", file=sys.stderr)
         else:
             print(f"{path} already exists; left it unchanged (move it away to write fresh defaults).",
                   file=sys.stderr)
-    state = "" if path.exists() else "  (not found: the defaults are in effect)"
+    if not path.exists():
+        state = "  (not found: the defaults are in effect)"
+    else:
+        state = "  (empty: the defaults are in effect)" if is_empty_file(path) else ""
     print(f"# settings file: {path}{state}")
     print(documented_toml(settings, commented=False), end="")
     return 0

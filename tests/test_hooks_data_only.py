@@ -207,3 +207,22 @@ def test_the_default_rules_load_and_fire_with_hostile_text(tmp_path, notificatio
     assert sorted(c.title for c in calls) == ["DeskEye: error-dialog", "DeskEye: unread-mail"]
     assert {c.body for c in calls} == {summary}
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_a_hooks_file_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    """`hooks.rules_file` pointing at a FIFO would block the loader forever, /dev/zero would eat memory: both
+    are refused from their stat, in a child with a deadline so a regression fails instead of hanging."""
+    if kind == "fifo":
+        path = tmp_path / "hooks.toml"
+        os.mkfifo(path)
+    elif kind == "folder":
+        path = tmp_path / "hooks.d"
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    code = ("import sys\nfrom deskeye.errors import HookRuleError\nfrom deskeye.hook_rules import load_rules\n"
+            "try:\n    load_rules(sys.argv[1])\nexcept HookRuleError as exc:\n    print(exc)\n    sys.exit(2)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert str(path) in done.stdout and "regular file" in done.stdout

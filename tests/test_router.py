@@ -18,6 +18,7 @@ from deskeye.cli import main as deskeye_main
 from deskeye.errors import RouterDataError
 from deskeye.router import TIERS, Router, find_data_file, load_examples, score_predictions
 from deskeye.settings import package_rules_dir, RouterSettings, Settings
+from tests.fixtures.small_fs import full_filesystem  # noqa: F401 - a fixture
 
 HELD_OUT_FRACTION = 0.25
 
@@ -98,6 +99,33 @@ def test_broken_cache_is_retrained(tmp_path):
     [cached] = cache.glob("router-*.pkl")
     cached.write_bytes(b"not a pickle")
     assert Router.load(settings, cache_dir=cache).route("what time is it").tier == "quick"
+
+
+def test_cache_write_on_a_full_disk_leaves_no_temp_file_and_routes_anyway(tmp_path, full_filesystem, caplog):
+    settings, cache = _copy_rules(tmp_path), full_filesystem.root / "cache"
+    assert Router.load(settings, cache_dir=cache).route("what time is it").tier == "quick"
+    assert full_filesystem.entries(cache) == []             # no .router-* temp file, no empty or partial pickle
+    assert "could not cache the router" in caplog.text and "No space left on device" in caplog.text
+
+    full_filesystem.free()
+    assert Router.load(settings, cache_dir=cache).route("what time is it").tier == "quick"
+    [cached] = full_filesystem.entries(cache)
+    assert re.fullmatch(r"router-[0-9a-f]{20}\.pkl", cached)
+
+
+def test_cache_write_past_a_file_size_limit_leaves_no_temp_file(tmp_path):
+    from tests.fixtures.small_fs import FSIZE_LIMIT_PRELUDE
+    settings, cache = _copy_rules(tmp_path), tmp_path / "cache"
+    script = FSIZE_LIMIT_PRELUDE + (
+        "from pathlib import Path\nfrom deskeye.router import Router\n"
+        "from deskeye.settings import RouterSettings, Settings\n"
+        f"settings = Settings(router=RouterSettings(data_dir={str(settings.rules_dir)!r}))\n"
+        f"print(Router.load(settings, cache_dir=Path({str(cache)!r})).route('what time is it').tier)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "quick"
+    assert "could not cache the router" in proc.stderr and "File too large" in proc.stderr
+    assert sorted(p.name for p in cache.iterdir()) == []     # no .router-* temp file left behind
 
 
 @pytest.mark.parametrize("line, reason", [

@@ -12,6 +12,7 @@ from deskeye.cli import main
 from deskeye.settings import Settings, load_settings
 from deskeye.settings_cli import (DESCRIPTIONS, SECTION_DESCRIPTIONS, describe_option, documented_toml,
                                   section_fields)
+from tests.fixtures.small_fs import full_filesystem  # noqa: F401 - a fixture
 
 
 def _sections(settings: Settings) -> dict:
@@ -120,3 +121,188 @@ def test_settings_refuse_the_hotkeys_run_would_refuse(tmp_path):
     path.write_text('[hotkeys]\npause = "<ctrl>+<nope>"\n')
     with pytest.raises(SettingsError, match=r"s.toml: hotkeys.pause = '<ctrl>\+<nope>' is not a valid hotkey"):
         load_settings(path)
+
+
+# ---------------------------------------------------------------- numbers: finite and in range, or refused at load
+
+def _number_options() -> list[tuple[str, str, str]]:
+    return [(section, f.name, str(f.type)) for section, fs in section_fields().items() for f in fs
+            if str(f.type) in ("int", "float")]
+
+
+@pytest.mark.parametrize("section, key, toml_value, range_text", [
+    ("worker", "request_timeout_s", "nan", "from 1 to 3600"),
+    ("worker", "startup_timeout_s", "-5", "from 1 to 86400"),
+    ("overlay", "fade_after_s", "inf", "from 0 to 86400"),
+    ("capture", "interval_s", "inf", "from 0.2 to 86400"),
+    ("overlay", "font_size", str(2 ** 63), "from 6 to 72"),
+])
+def test_values_that_broke_later_are_refused_at_load_naming_key_and_range(tmp_path, capsys, section, key,
+                                                                          toml_value, range_text):
+    path = tmp_path / "settings.toml"
+    path.write_text(f"[{section}]\n{key} = {toml_value}\n", encoding="utf-8")
+    assert main(["--settings", str(path), "settings"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"deskeye: {path}: {section}.{key}: invalid value ") and "Traceback" not in err
+    assert "allowed: " in err and range_text in err
+
+
+@pytest.mark.parametrize("section, key, kind", _number_options(), ids=lambda v: str(v))
+def test_every_number_option_refuses_non_finite_and_out_of_range_values(tmp_path, section, key, kind):
+    from deskeye.errors import SettingsError
+    bad = ["9223372036854775807", "-9223372036854775807"] if kind == "int" else ["nan", "inf", "-inf", "1e300",
+                                                                                 "-1e300"]
+    path = tmp_path / "settings.toml"
+    for value in bad:
+        path.write_text(f"[{section}]\n{key} = {value}\n", encoding="utf-8")
+        with pytest.raises(SettingsError) as caught:
+            load_settings(path)
+        message = str(caught.value)
+        assert f"{section}.{key}: invalid value" in message, (value, message)
+        assert re.search(r"allowed: an? (integer|number)\b.* from \S+ to \S+", message), (value, message)
+
+
+def test_a_number_of_the_wrong_type_is_told_its_range(tmp_path, capsys):
+    path = tmp_path / "settings.toml"
+    path.write_text('[overlay]\nfont_size = "huge"\n', encoding="utf-8")
+    assert main(["--settings", str(path), "settings"]) == 2
+    assert "overlay.font_size must be int (an integer of points from 6 to 72); got 'huge'." in capsys.readouterr().err
+
+
+def test_documented_file_states_each_number_range(tmp_path):
+    text = documented_toml()
+    assert "(float, 0.2 to 86400)\ninterval_s = 3.0" in text.replace("\n# ", " ").replace("# ", "")
+    assert "(int, 6 to 72)\nfont_size = 11" in text.replace("\n# ", " ").replace("# ", "")
+
+
+# ---------------------------------------------------------------- the settings file itself: a regular UTF-8 file
+
+def _load_in_subprocess(path, timeout_s: float = 30.0) -> tuple[subprocess.CompletedProcess, float]:
+    """`deskeye settings` on `path` in a child with 2 GiB of address space (so a file that never ends cannot eat
+    the machine) and a timeout (so a FIFO that blocks fails the test instead of hanging it)."""
+    import resource
+    import time
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "deskeye.cli", "--settings", str(path), "settings"],
+                              capture_output=True, text=True, timeout=timeout_s, preexec_fn=limit_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading {path} did not finish within {timeout_s} s (it blocked or read forever)")
+    return proc, time.monotonic() - started
+
+
+def _make_fifo(tmp_path):
+    import os
+    path = tmp_path / "settings.toml"
+    os.mkfifo(path)
+    return path
+
+
+def _make_folder(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("make, kind", [
+    (_make_folder, "is a folder"),
+    (_make_fifo, "is a FIFO (named pipe)"),
+    (lambda tmp_path: "/dev/zero", "is a character device"),
+], ids=["folder", "fifo", "dev-zero"])
+def test_settings_path_that_is_not_a_regular_file_is_refused_quickly(tmp_path, make, kind):
+    path = make(tmp_path)
+    proc, elapsed_s = _load_in_subprocess(path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"deskeye: {path}: {kind}; the settings file must be a regular file: "
+                                   "give the path of one.")
+    assert elapsed_s < 20
+
+
+def test_settings_file_with_invalid_utf8_names_the_byte_offset(tmp_path):
+    path = tmp_path / "settings.toml"
+    body = b'[worker]\nengine = "ocr"\n# caf\xe9 au lait\n'
+    path.write_bytes(body)
+    offset = body.index(b"\xe9")
+    proc, _ = _load_in_subprocess(path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"deskeye: {path}: not valid UTF-8 at byte offset {offset} (0xe9); "
+                                   "save the settings file as UTF-8.")
+
+
+def test_settings_file_over_the_size_limit_is_refused_before_reading(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_text("# padding\n" * ((8 << 20) // 10), encoding="utf-8")     # valid TOML, 8 MiB of comments
+    proc, _ = _load_in_subprocess(path)
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(rf"deskeye: {re.escape(str(path))}: {path.stat().st_size} bytes, too large for a settings "
+                        r"file \(at most \d+\); check that the path names the right file\.", proc.stderr.strip())
+
+
+# ---------------------------------------------------------------- writes: atomic, nothing left behind
+
+def test_init_replaces_an_empty_file_and_says_so(tmp_path, capsys):
+    path = tmp_path / "settings.toml"
+    path.write_bytes(b"")                      # what an older version left on a full disk
+    assert main(["--settings", str(path), "settings", "--init"]) == 0
+    assert f"Replaced the empty settings file with the documented defaults to {path}" in capsys.readouterr().err
+    assert path.read_text(encoding="utf-8") == documented_toml()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.toml"]
+    path.write_bytes(b"")
+    assert main(["--settings", str(path), "settings"]) == 0
+    assert f"# settings file: {path}  (empty: the defaults are in effect)" in capsys.readouterr().out
+
+
+def test_init_on_a_full_disk_leaves_no_file_no_temp_file_and_the_old_empty_file_as_it_was(full_filesystem, capsys):
+    folder = full_filesystem.root / "conf"
+    path = folder / "settings.toml"
+    assert main(["--settings", str(path), "settings", "--init"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"deskeye: cannot write {path}: No space left on device; nothing was changed. "
+                           "Free some space or choose another file with --settings PATH.")
+    assert full_filesystem.entries(folder) == []          # no 0-byte settings file, no temp file
+
+    path.write_bytes(b"")                                 # an empty file takes no space, even on a full disk
+    assert main(["--settings", str(path), "settings", "--init"]) == 2
+    assert full_filesystem.entries(folder) == ["settings.toml"] and path.read_bytes() == b""
+
+    full_filesystem.free()                                # room again: --init is not blocked by the empty file
+    assert main(["--settings", str(path), "settings", "--init"]) == 0
+    assert path.read_text(encoding="utf-8") == documented_toml()
+    assert full_filesystem.entries(folder) == ["settings.toml"]
+
+
+def test_init_past_a_file_size_limit_leaves_no_partial_file_and_no_temp_file(tmp_path):
+    from tests.fixtures.small_fs import FSIZE_LIMIT_PRELUDE
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    path = folder / "settings.toml"
+    script = FSIZE_LIMIT_PRELUDE + (
+        "import sys\nfrom deskeye.cli import main\n"
+        f"sys.exit(main(['--settings', {str(path)!r}, 'settings', '--init']))\n")
+    expected = (f"deskeye: cannot write {path}: File too large; nothing was changed. "
+                "Free some space or choose another file with --settings PATH.")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr.strip()) == (2, expected)
+    assert list(folder.iterdir()) == []                       # no partial settings file, no temp file
+
+    path.write_bytes(b"")                                     # an older version's empty file stays as it was
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr.strip()) == (2, expected)
+    assert sorted(p.name for p in folder.iterdir()) == ["settings.toml"] and path.read_bytes() == b""
+
+
+def test_atomic_write_failure_keeps_the_old_content(full_filesystem):
+    from deskeye.settings import write_file_atomically
+    path = full_filesystem.root / "conf" / "settings.toml"
+    full_filesystem.free()
+    path.write_text('[worker]\nengine = "ocr"\n', encoding="utf-8")
+    from tests.fixtures.small_fs import _fill
+    _fill(full_filesystem.filler)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_file_atomically(path, documented_toml().encode("utf-8"))
+    assert path.read_text(encoding="utf-8") == '[worker]\nengine = "ocr"\n'
+    assert full_filesystem.entries(path.parent) == ["settings.toml"]
