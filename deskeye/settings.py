@@ -187,7 +187,7 @@ class ProviderSettings:
     imap_tls: bool = True             # False only for a local test server
     imap_ca_file: str = ""            # PEM CA file to trust for imap_host, e.g. a self-signed server's ("" = system CAs)
     imap_mailbox: str = "INBOX"       # the mailbox whose unseen messages are counted
-    imap_timeout_s: float = _bounded(5.0, 0.1, 300, "seconds")   # connect/read timeout for the IMAP server
+    imap_timeout_s: float = _bounded(5.0, 0.1, 300, "seconds")   # the whole IMAP check (connect, TLS, login, STATUS)
     quick_answer_timeout_s: float = _bounded(3.0, 0.1, 300, "seconds")   # a slower quick answer is given up
 
     def __post_init__(self):

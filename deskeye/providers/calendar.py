@@ -17,6 +17,7 @@ from deskeye.providers.ics import CalendarCache, EventCalendar, Occurrence
 from deskeye.providers.timeparse import at_local, parse_day, parse_day_part, parse_time_of_day
 
 NAME = "calendar"
+LABEL, LABEL_ZH = "The calendar", "日历"     # who "did not answer" when it is too slow
 _EN = ("meeting", "meetings", "calendar", "schedule", "scheduled", "appointment", "appointments", "agenda",
        "event", "events", "call", "free", "busy", "available", "o'clock")
 _ZH = ("会议", "开会", "有会", "个会", "日程", "日历", "安排", "有空", "忙吗", "忙不忙", "有事", "约会", "预约",
@@ -76,13 +77,12 @@ def _free_at(calendar: EventCalendar, moment: datetime, ctx: QueryContext) -> st
 
 
 def _free_from(calendar: EventCalendar, moment: datetime) -> datetime:
-    """The end of back-to-back busy events starting from `moment` (at most a day's worth)."""
-    for _ in range(48):
-        busy = [o for o in calendar.at(moment) if o.is_busy and o.end > moment]
-        if not busy:
-            break
-        moment = max(o.end for o in busy)
-    return moment
+    """The end of back-to-back busy events starting from `moment` (at most a day's worth, in one query)."""
+    horizon = moment + timedelta(days=1)
+    for o in calendar.between(moment, horizon):          # sorted by start
+        if o.is_busy and o.start <= moment < o.end:
+            moment = o.end
+    return min(moment, horizon)
 
 
 def _agenda(calendar: EventCalendar, day, part, ctx: QueryContext) -> str:

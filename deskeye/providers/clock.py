@@ -8,6 +8,7 @@ from deskeye.providers.base import QueryContext, has_text, has_word
 from deskeye.providers.timeparse import parse_day
 
 NAME = "clock"
+LABEL, LABEL_ZH = "The clock", "时钟"     # who "did not answer" when it is too slow
 _EN = ("time", "date", "day", "days", "month", "year", "clock", "today", "tomorrow", "yesterday", "how late",
        "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "weekday")
 _ZH = ("几点", "时间", "几号", "日期", "星期", "周几", "礼拜", "几月", "日子", "钟")

@@ -17,6 +17,7 @@ from deskeye.providers.base import QueryContext, clock_text, minutes_text
 from deskeye.prompt import Description
 
 NAME = "memory"
+LABEL, LABEL_ZH = "Screen memory", "屏幕记忆"     # who "did not answer" when it is too slow
 _EN = re.compile(
     r"\b(saw|what was that|what were those|did you (just )?see|you (just )?seen?|"
     r"(on|did) (the )?screen (show |say )?(before|earlier|a (moment|minute|second) ago)|"

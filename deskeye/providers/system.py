@@ -8,6 +8,7 @@ from pathlib import Path
 from deskeye.providers.base import QueryContext, has_text, has_word
 
 NAME = "system"
+LABEL, LABEL_ZH = "The system figures", "系统信息"     # who "did not answer" when it is too slow
 CPU_SAMPLE_S = 0.2      # cpu_percent measures over this window (a first call has no earlier sample)
 GIB = 1024 ** 3
 
