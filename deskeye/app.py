@@ -10,12 +10,16 @@ Threads, each stoppable:
 - hotkeys (pynput), tray (GTK, daemon) and the overlay's Tk thread: they only enqueue or display.
 Every description is shown in the overlay and goes to the screen memory ("what was that?") and the hooks;
 what the user asked for is also kept in the rolling conversation memory (cleared on pause/quit).
+
+A quit is for good, whenever it comes: `start()` checks for it between its steps and `quit()` waits for the step
+in progress, so nothing is started after it. `deskeye run` (cmd_run) handles SIGTERM/SIGINT from its first line,
+keeps its temporary files in one run folder and ends cleanly when the X server goes away (deskeye/lifecycle.py).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
+import os
 import sys
 import threading
 import time
@@ -27,6 +31,7 @@ from deskeye.change import ChangeDetector
 from deskeye.errors import DeskEyeError, SettingsError, UsageError
 from deskeye.geometry import Rect
 from deskeye.jobs import ASK, AUTO, DESCRIBE, HOTKEY, TRAY, Job, JobQueue
+from deskeye.lifecycle import EXIT_STUCK, RunFolder, StopSignals, exit_now, on_display_lost, write_stderr
 from deskeye.memory import ConversationMemory
 from deskeye.overlay import Kind, Overlay, OverlayContent
 from deskeye.placement import overlay_column
@@ -40,6 +45,8 @@ log = logging.getLogger(__name__)
 
 JOB_POLL_S = 0.5                 # how often an idle job thread checks for quit
 JOIN_TIMEOUT_S = 10.0
+DISPLAY_LOST_WAIT_S = 2.0        # the X server went away: this long for the rest of a clean stop (the threads that
+                                 # draw are stuck on the dead display; the worker is stopped before)
 DEEP_MAX_TOKENS_FACTOR = 4       # a deep question may answer at length: this many times worker.max_tokens
 MAX_REQUEST_TOKENS = 1024        # the worker's default --max-tokens-limit
 
@@ -47,7 +54,8 @@ MAX_REQUEST_TOKENS = 1024        # the worker's default --max-tokens-limit
 class App:
     def __init__(self, settings: Settings, *, region: str | None = None, supervisor=None, client=None,
                  router=None, quick=None, screen_memory=None, notifier=None, hooks=None,
-                 use_tray: bool = True, use_hotkeys: bool = True, settings_path: Path | None = None):
+                 use_tray: bool = True, use_hotkeys: bool = True, settings_path: Path | None = None,
+                 temp_root: Path | None = None):
         self.settings = settings
         self.settings_path = settings_path or settings.config_dir / "settings.toml"
         self.own_windows = OwnWindows()
@@ -62,52 +70,69 @@ class App:
         self.router, self.quick, self.screen_memory = router, quick, screen_memory
         self.notifier, self.hooks = notifier, hooks
         self.overlay: Overlay | None = None
-        self.tray: Tray | None = Tray(self.tray_actions(), ask_hotkey=settings.hotkeys.ask) if use_tray else None
+        self.tray: Tray | None = (Tray(self.tray_actions(), ask_hotkey=settings.hotkeys.ask, temp_root=temp_root)
+                                  if use_tray else None)
         self.hotkeys = None
         self._use_hotkeys = use_hotkeys
         self._paused = threading.Event()
         self._busy = threading.Event()
-        self._stop = threading.Event()
+        self._stop = threading.Event()      # quit asked for: set once, never cleared
         self._closed = threading.Event()
         self._quit_lock = threading.Lock()
+        self._start_lock = threading.Lock()  # held while start() runs; the shutdown waits for it
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start every part; if one cannot start, stop what did and raise its error."""
-        check_display()
+        """Start every part; if one cannot start, stop what did and raise its error. After (or during) `quit()`
+        it stops at the next step: nothing is started once a quit was asked for."""
         try:
-            self._start_parts()
+            with self._start_lock:
+                if self._stop.is_set():
+                    return
+                check_display()
+                self._check_parts()
+                for step in (self._start_overlay, self._start_worker_and_loops, self._start_hotkeys,
+                             self._start_tray):
+                    if self._stop.is_set():
+                        return
+                    step()
+                self._refresh_state()
         except BaseException:
             self.quit()
             self.wait(JOIN_TIMEOUT_S * 2)
             raise
 
-    def _start_parts(self) -> None:
-        self._check_parts()
+    def _start_overlay(self) -> None:
         self.supervisor.on_state_change = lambda state: self._refresh_state()
         self.overlay = Overlay(self.settings.overlay, self._overlay_area(), menu_actions=self.tray_actions(),
                                own_windows=self.own_windows)
         self.overlay.start()
+
+    def _start_worker_and_loops(self) -> None:
         self.supervisor.start(wait=False)
         self._spawn("deskeye-jobs", self._job_loop)
         self._spawn("deskeye-capture", self._capture_loop)
-        if self._use_hotkeys:
-            from deskeye.hotkeys import Hotkeys
-            self.hotkeys = Hotkeys(self.settings.hotkeys, on_describe=lambda: self.describe_now(HOTKEY),
-                                   on_pause=self.toggle_pause, on_ask=self.open_ask)
-            try:
-                self.hotkeys.start()
-            except SettingsError:
-                raise
-            except DeskEyeError as exc:       # the tray still works: say so and carry on
-                log.warning("%s", exc)
-                self.hotkeys = None
-                self._show(Kind.ERROR, str(exc))
+
+    def _start_hotkeys(self) -> None:
+        if not self._use_hotkeys:
+            return
+        from deskeye.hotkeys import Hotkeys
+        self.hotkeys = Hotkeys(self.settings.hotkeys, on_describe=lambda: self.describe_now(HOTKEY),
+                               on_pause=self.toggle_pause, on_ask=self.open_ask)
+        try:
+            self.hotkeys.start()
+        except SettingsError:
+            raise
+        except DeskEyeError as exc:       # the tray still works: say so and carry on
+            log.warning("%s", exc)
+            self.hotkeys = None
+            self._show(Kind.ERROR, str(exc))
+
+    def _start_tray(self) -> None:
         if self.tray is not None:
-            self.tray.start()
-        self._refresh_state()
+            self.tray.start(cancel=self._stop)
 
     def _check_parts(self) -> None:
         missing = [name for name in ("supervisor", "client", "quick", "screen_memory", "notifier", "hooks")
@@ -136,6 +161,18 @@ class App:
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the app has quit (True) or `timeout_s` passed (False)."""
         return self._closed.wait(timeout_s)
+
+    @property
+    def is_stopping(self) -> bool:
+        """A quit was asked for (it may still be in progress)."""
+        return self._stop.is_set()
+
+    def stuck_threads(self) -> list[str]:
+        """After quit: the app's threads that did not end (e.g. blocked on a frozen X server)."""
+        stuck = [thread.name for thread in self._threads if thread.is_alive()]
+        if self.overlay is not None and self.overlay.is_running:
+            stuck.append("deskeye-overlay")
+        return stuck
 
     def ready_line(self) -> str:
         rect, hotkeys = self.grabber.rect(), self.settings.hotkeys
@@ -205,25 +242,46 @@ class App:
         threading.Thread(target=self._shutdown, name="deskeye-quit").start()
 
     def _shutdown(self) -> None:
+        """Each part stops even when one before it fails (e.g. on a display that went away)."""
         try:
-            if self.hotkeys is not None:
-                self.hotkeys.stop()
-            if self.tray is not None:
-                self.tray.stop()
-            self.jobs.put_stop()
-            if self.supervisor is not None:
-                self.supervisor.stop()      # an in-flight request fails fast instead of running on
-            for thread in self._threads:
-                thread.join(JOIN_TIMEOUT_S)
-            self.jobs.drain()
-            for part in (self.client, self.hooks):
-                if part is not None and hasattr(part, "close"):
-                    part.close()
-            self._forget()
-            if self.overlay is not None:
-                self.overlay.stop()
+            with self._start_lock:          # start() returns at its next step: no part starts after this
+                pass
+            for name, stop in (("hotkeys", self._stop_hotkeys), ("tray", self._stop_tray),
+                               ("job queue", self.jobs.put_stop), ("worker", self._stop_worker),
+                               ("threads", self._join_threads), ("jobs", self.jobs.drain),
+                               ("client and hooks", self._close_parts), ("memory", self._forget),
+                               ("overlay", self._stop_overlay)):
+                try:
+                    stop()
+                except Exception:
+                    log.exception("stopping the %s failed; stopping the rest", name)
         finally:
             self._closed.set()
+
+    def _stop_hotkeys(self) -> None:
+        if self.hotkeys is not None:
+            self.hotkeys.stop()
+
+    def _stop_tray(self) -> None:
+        if self.tray is not None:
+            self.tray.stop()
+
+    def _stop_worker(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()      # an in-flight request fails fast instead of running on
+
+    def _join_threads(self) -> None:
+        for thread in self._threads:
+            thread.join(JOIN_TIMEOUT_S)
+
+    def _close_parts(self) -> None:
+        for part in (self.client, self.hooks):
+            if part is not None and hasattr(part, "close"):
+                part.close()
+
+    def _stop_overlay(self) -> None:
+        if self.overlay is not None:
+            self.overlay.stop()
 
     # ------------------------------------------------------------------ capture loop
 
@@ -395,14 +453,15 @@ class App:
 
 
 def build_app(settings: Settings, *, region: str | None = None, settings_path: Path | None = None,
-              use_tray: bool = True, use_hotkeys: bool = True, **parts) -> App:
-    """Every part of the app, built from `settings` (a part given in `parts` is used instead)."""
+              use_tray: bool = True, use_hotkeys: bool = True, temp_root: Path | None = None, **parts) -> App:
+    """Every part of the app, built from `settings` (a part given in `parts` is used instead). Temporary files
+    (the worker's state folder, the tray's icons) go under `temp_root` (None: the system temp folder)."""
     from deskeye.client import WorkerClient
     from deskeye.hooks import build_runner
     from deskeye.notify import Notifier
     from deskeye.providers import QuickAnswerer, ScreenMemory
     from deskeye.supervisor import WorkerSupervisor
-    supervisor = parts.pop("supervisor", None) or WorkerSupervisor(settings)
+    supervisor = parts.pop("supervisor", None) or WorkerSupervisor(settings, temp_root=temp_root)
     screen_memory = parts.pop("screen_memory", None) or ScreenMemory()
     notifier = parts.pop("notifier", None) or Notifier()
     built = {"supervisor": supervisor, "screen_memory": screen_memory, "notifier": notifier,
@@ -410,7 +469,7 @@ def build_app(settings: Settings, *, region: str | None = None, settings_path: P
              "quick": parts.pop("quick", None) or QuickAnswerer(settings, screen_memory),
              "hooks": parts.pop("hooks", None) or build_runner(settings, notifier)}
     return App(settings, region=region, settings_path=settings_path, use_tray=use_tray, use_hotkeys=use_hotkeys,
-               **built, **parts)
+               temp_root=temp_root, **built, **parts)
 
 
 def worker_overrides(args) -> dict[str, str]:
@@ -428,21 +487,63 @@ def worker_overrides(args) -> dict[str, str]:
 
 
 def cmd_run(args, settings: Settings) -> int:
-    """`deskeye run [--region X,Y,W,H] [--engine E] [--model M]`: run until Quit (tray) or Ctrl+C."""
-    worker = worker_overrides(args)
-    if worker:
-        settings = with_overrides(settings, worker=worker)
-    path = Path(args.settings) if getattr(args, "settings", None) else default_settings_path()
-    app = build_app(settings, region=args.region, settings_path=path)
-    signal.signal(signal.SIGTERM, lambda *_: app.quit())
-    try:
-        app.start()
-        print(app.ready_line(), file=sys.stderr, flush=True)
-        while not app.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        app.quit()
-        app.wait(JOIN_TIMEOUT_S * 2)
+    """`deskeye run [--region X,Y,W,H] [--engine E] [--model M]`: run until Quit (tray), Ctrl+C or SIGTERM.
+
+    SIGTERM/SIGINT count from the first line, whatever start-up is doing; a second one while stopping ends the
+    process at once. Whatever ends the run (those, an exception, the X server going away), the worker is stopped
+    and the run folder, with every temporary file of the run, is removed."""
+    with StopSignals() as signals, RunFolder() as folder:
+        worker = worker_overrides(args)
+        if worker:
+            settings = with_overrides(settings, worker=worker)
+        path = Path(args.settings) if getattr(args, "settings", None) else default_settings_path()
+        app = build_app(settings, region=args.region, settings_path=path, temp_root=folder.path)
+        signals.on_stop(app.quit)              # at once, if a signal came while building
+        on_display_lost(lambda: _display_lost(app))
+        try:
+            app.start()
+            if not app.is_stopping:
+                print(app.ready_line(), file=sys.stderr, flush=True)
+            app.wait()
+        finally:
+            app.quit()
+            _wait_until_stopped(app)
     return 0
+
+
+def _wait_until_stopped(app: App) -> None:
+    """Every part stopped; else (threads stuck on a frozen X server would keep the process alive) end it now."""
+    if not app.wait(JOIN_TIMEOUT_S * 2):
+        exit_now(EXIT_STUCK, f"did not stop within {JOIN_TIMEOUT_S * 2:.0f} s; stopping now.")
+    stuck = app.stuck_threads()
+    if stuck:
+        exit_now(EXIT_STUCK, f"stopped, but {', '.join(stuck)} never finished (is the X server frozen?); "
+                             "exiting without them.")
+
+
+def _display_lost(app: App) -> None:
+    """Called by Xlib's IO-error handler on the thread that found the X server gone; ends the process."""
+    threading.excepthook = _quiet_x_connection_errors
+    write_stderr(f"deskeye: lost the X display {os.environ.get('DISPLAY', '')} (the X server stopped or the session "
+                 "ended); stopping.\n")
+    app.quit()
+    if app.supervisor is not None:
+        app.supervisor.stop()                  # first: the threads that draw are stuck on the dead display
+    app.wait(DISPLAY_LOST_WAIT_S)
+    exit_now(EXIT_DISPLAY_LOST)
+
+
+def _quiet_x_connection_errors(args) -> None:
+    """Once the display is gone, threads that talk to it (the hotkey listener) die of it: expected, no traceback."""
+    if isinstance(args.exc_value, (OSError, *_xlib_connection_errors())):
+        log.debug("%s ended: %s", args.thread.name if args.thread else "a thread", args.exc_value)
+        return
+    threading.__excepthook__(args)
+
+
+def _xlib_connection_errors() -> tuple[type, ...]:
+    try:
+        from Xlib.error import ConnectionClosedError
+    except ImportError:
+        return ()
+    return (ConnectionClosedError,)

@@ -99,12 +99,16 @@ def join_option_values(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(join_option_values(sys.argv[1:] if argv is None else list(argv)))
+    from deskeye.lifecycle import Terminated, interrupt_on_signals
     try:
-        from deskeye.settings import load_settings
-        settings = load_settings(args.settings)
-        return int(_resolve(args.handler)(args, settings) or 0)
+        with interrupt_on_signals():     # SIGTERM unwinds like Ctrl+C: a worker started for one answer is stopped
+            from deskeye.settings import load_settings
+            settings = load_settings(args.settings)
+            return int(_resolve(args.handler)(args, settings) or 0)
     except DeskEyeError as exc:
         print(f"deskeye: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Terminated as exc:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

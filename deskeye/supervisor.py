@@ -12,14 +12,20 @@ SIGTERM) and restarted the same way as one that died.
 
 With `worker.url` set no process is run: `endpoint()` returns that URL and key (state "external"), so an
 external OpenAI-compatible server is used through exactly the same client code.
+
+`stop()` is for good: any thread may call it, at any moment, any number of times, and a `start()` after it (or
+racing it) starts nothing. The state folder goes when the supervisor stops, when it gives up on the worker, and with
+`kill()` (an exit that cannot wait, deskeye/lifecycle.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from deskeye.errors import WorkerUnavailable
+from deskeye.lifecycle import kill_on_exit_now
 from deskeye.settings import Settings, worker_api_key
 
 log = logging.getLogger(__name__)
@@ -43,7 +50,9 @@ MAX_OUTPUT_LINES = 40            # the worker's last lines kept for error messag
 POLL_INTERVAL_S = 0.1
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
-STOP_TIMEOUT_S = 5.0             # SIGTERM, then SIGKILL after this long
+STOP_GRACE_S = 3.0               # SIGTERM, then SIGKILL after this long (a worker loading a model may not stop
+                                 # sooner, and nothing of it is lost: the app is stopping)
+STOP_TIMEOUT_S = 5.0             # the most any other wait while stopping takes
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,9 @@ def worker_command(settings: Settings, state_file: Path) -> list[str]:
 
 class WorkerSupervisor:
     def __init__(self, settings: Settings, *, on_state_change: Callable[[str], None] | None = None,
-                 probe: HealthProbe = HealthProbe()):
+                 probe: HealthProbe = HealthProbe(), temp_root: Path | None = None):
         self.settings = settings
+        self.temp_root = temp_root       # where the state folder goes (None: the system temp folder)
         self.on_state_change = on_state_change or (lambda state: None)
         self.probe = probe
         self.is_external = bool(settings.worker.url)
@@ -112,10 +122,12 @@ class WorkerSupervisor:
         self._restart_times: deque[float] = deque()
         self._generation = 0
         self._cond = threading.Condition()
-        self._stop = threading.Event()
+        self._stop = threading.Event()   # set once, by stop(); never cleared
+        self._lifecycle = threading.RLock()   # start() and stop() decide one after the other
         self._monitor: threading.Thread | None = None
         self._readers: list[threading.Thread] = []
         self._tmp_dir: Path | None = None
+        kill_on_exit_now(self)
 
     # ------------------------------------------------------------------ public
 
@@ -138,17 +150,22 @@ class WorkerSupervisor:
         return list(self._output)
 
     def start(self, *, wait: bool = True) -> None:
-        """Launch the worker; with `wait`, block until it serves (raises WorkerUnavailable if it cannot start)."""
+        """Launch the worker; with `wait`, block until it serves (raises WorkerUnavailable if it cannot start).
+
+        After `stop()` (or racing it) nothing is launched: with `wait` it raises WorkerUnavailable, "not running"."""
         if self.is_external:
             self._set_state(EXTERNAL)
             return
-        if self._monitor is not None:
-            raise RuntimeError("WorkerSupervisor.start() was already called.")
-        self._stop.clear()
-        self._tmp_dir = Path(tempfile.mkdtemp(prefix="deskeye-worker-"))
-        self._set_state(STARTING)
-        self._monitor = threading.Thread(target=self._run, name="deskeye-worker-monitor", daemon=True)
-        self._monitor.start()
+        with self._lifecycle:
+            if self._monitor is not None:
+                raise RuntimeError("WorkerSupervisor.start() was already called.")
+            if self._stop.is_set():
+                log.info("the worker is not started: the supervisor was stopped first")
+            else:
+                self._tmp_dir = Path(tempfile.mkdtemp(prefix="deskeye-worker-", dir=self.temp_root))
+                self._set_state(STARTING)
+                self._monitor = threading.Thread(target=self._run, name="deskeye-worker-monitor", daemon=True)
+                self._monitor.start()
         if wait:
             self.endpoint(self.settings.worker.startup_timeout_s + 5)
 
@@ -179,20 +196,31 @@ class WorkerSupervisor:
             return self._current_endpoint(timeout_s)
 
     def stop(self) -> None:
-        """Stop the monitor and the worker (SIGTERM, then SIGKILL); remove the private state folder."""
-        self._stop.set()
+        """Stop for good: the monitor and the worker (SIGTERM, then SIGKILL after STOP_GRACE_S); remove the private
+        state folder. Any thread, any time, any number of times; a later start() starts nothing."""
+        with self._lifecycle:
+            self._stop.set()
+            monitor = self._monitor
         with self._cond:
             self._cond.notify_all()
         self._terminate(self._proc)
-        if self._monitor is not None:
-            self._monitor.join(timeout=STOP_TIMEOUT_S * 2)
+        if monitor is not None:
+            monitor.join(timeout=STOP_GRACE_S + STOP_TIMEOUT_S)
         self._terminate(self._proc)      # in case the monitor launched one while stopping
-        for reader in self._readers:
+        for reader in list(self._readers):
             reader.join(timeout=STOP_TIMEOUT_S)
-        if self._tmp_dir is not None:
-            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+        self._remove_state_folder()
         if not self.is_external:
             self._set_state(STOPPED)
+
+    def kill(self) -> None:
+        """SIGKILL the worker and remove the state folder at once, for an exit that cannot wait (lifecycle.exit_now).
+        Takes no lock and waits for nothing: the thread holding one may be the stuck one, or the one interrupted."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
+        self._remove_state_folder()
 
     def __enter__(self) -> "WorkerSupervisor":
         self.start()
@@ -241,7 +269,8 @@ class WorkerSupervisor:
     # ------------------------------------------------------------------ monitor thread
 
     def _run(self) -> None:
-        """Launch, wait until ready, watch; restart with backoff on death. Ends when stopped or given up."""
+        """Launch, wait until ready, watch; restart with backoff on death. Ends when stopped or given up; then no
+        worker runs and its state folder is removed."""
         try:
             failure = self._launch_until_ready()
             if failure is not None:
@@ -256,6 +285,9 @@ class WorkerSupervisor:
         except Exception as exc:                 # never die silently: report it as "down"
             log.exception("worker monitor failed")
             self._set_state(DOWN, failure=WorkerUnavailable(f"The worker monitor failed: {exc}"))
+        finally:
+            self._terminate(self._proc)
+            self._remove_state_folder()
 
     def _watch_health(self, proc: subprocess.Popen) -> None:
         """Probe the serving worker until it exits, the supervisor stops, or it hangs (then kill it: the monitor
@@ -402,14 +434,21 @@ class WorkerSupervisor:
         for reader in self._readers:
             reader.join(timeout=1.0)
 
+    def _remove_state_folder(self) -> None:
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
     @staticmethod
     def _terminate(proc: subprocess.Popen | None) -> None:
+        """SIGTERM, then SIGKILL after STOP_GRACE_S; reaped."""
         if proc is None or proc.poll() is not None:
             return
         proc.terminate()
         try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
+            proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
+            log.warning("deskeye-worker (pid %d) did not stop within %.0f s of SIGTERM; killing it", proc.pid,
+                        STOP_GRACE_S)
             proc.kill()
             proc.wait(timeout=STOP_TIMEOUT_S)
 
@@ -420,7 +459,6 @@ def _die_with_parent_thread() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
-    import signal
 
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl    # resolved here, before fork

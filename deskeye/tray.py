@@ -8,6 +8,8 @@ loop and is the only thread that touches GTK: `set_state` and `stop` post to it 
 Left or right click opens the menu. Without a tray host, or without PyGObject, it says so once and the
 app keeps working: the hotkeys, the Ask box and a right-click on the overlay give the same menu.
 Elsewhere (macOS, Windows) pystray shows it.
+A `stop()` that comes while the icon is still being made is kept: the tray thread then never enters its loop, and
+its icon folder is removed either way.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -27,6 +30,7 @@ from typing import Callable
 from PIL import Image, ImageDraw
 
 from deskeye.errors import DeskEyeError
+from deskeye.lifecycle import reassert_display_handler
 from deskeye.menu import MenuActions, menu_entries
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,7 @@ IDLE, BUSY, PAUSED, WORKER_DOWN = TrayState.IDLE, TrayState.BUSY, TrayState.PAUS
 STATE_COLOURS = {IDLE: "#3aa655", BUSY: "#2f7fd8", PAUSED: "#8a8a8a", WORKER_DOWN: "#d64545"}
 ICON_SIZE_PX = 64
 STOP_WAIT_S = 5.0
+CANCEL_POLL_S = 0.05             # how often start() checks whether the app quit meanwhile
 TrayActions = MenuActions          # what the menu does (deskeye/menu.py)
 NO_GTK_MESSAGE = ("The tray icon needs PyGObject with GTK 3 ({error}); scripts/run.sh installs both. Meanwhile "
                   "use the hotkeys ({ask} opens the Ask box) or right-click the overlay for the menu.")
@@ -73,22 +78,29 @@ def draw_icon(state: str, size_px: int = ICON_SIZE_PX) -> Image.Image:
 class Tray:
     """The icon and its menu, owned by one thread. `start`, `set_state` and `stop` may be called from any thread."""
 
-    def __init__(self, actions: MenuActions, *, ask_hotkey: str = "<ctrl>+<alt>+a"):
+    def __init__(self, actions: MenuActions, *, ask_hotkey: str = "<ctrl>+<alt>+a", temp_root: Path | None = None):
         self.actions = actions
         self.ask_hotkey = ask_hotkey
+        self.temp_root = temp_root           # where the icon folder goes (None: the system temp folder)
         self.state = IDLE
         self.backend = ""                    # "appindicator" | "statusicon" | "pystray" | "none", once started
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._lock = threading.Lock()
+        self._stopping = False               # stop() was called: never enter (or leave at once) the loop
         self._glib = None                    # the GLib module, set by the tray thread once its loop can run
         self._gtk: dict = {}                 # GTK objects: touched only by the tray thread
         self._pystray_icon = None
 
-    def start(self, timeout_s: float = 10.0) -> None:
+    def start(self, timeout_s: float = 10.0, *, cancel: threading.Event | None = None) -> None:
+        """Start the tray thread; wait until the icon exists, at most `timeout_s`, and no longer once `cancel` is
+        set (the app quit meanwhile)."""
         self._thread = threading.Thread(target=self._run, name="deskeye-tray", daemon=True)
         self._thread.start()
-        self._started.wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not self._started.wait(CANCEL_POLL_S):
+            if (cancel is not None and cancel.is_set()) or time.monotonic() >= deadline:
+                return
 
     def set_state(self, state: TrayState) -> None:
         with self._lock:
@@ -99,6 +111,7 @@ class Tray:
 
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
         with self._lock:
+            self._stopping = True
             glib, self._glib = self._glib, None
         if glib is not None:
             glib.idle_add(self._quit_loop)
@@ -135,23 +148,30 @@ class Tray:
             self.backend = "none"
             log.warning(NO_GTK_MESSAGE.format(error=exc, ask=self.ask_hotkey))
             return
+        reassert_display_handler()           # GTK's own ends the process without any cleanup
         host = find_tray_host()
         if host is TrayHost.NONE:
             log.warning(NO_HOST_MESSAGE.format(ask=self.ask_hotkey))
-        self._gtk = {"Gtk": gtk, "icon_dir": Path(tempfile.mkdtemp(prefix="deskeye-tray-"))}
-        if host is TrayHost.SNI and self._make_indicator():
-            self.backend = "appindicator"
-        else:
-            self._make_status_icon()
-            self.backend = "statusicon"
-        self._apply_state()
-        with self._lock:
-            self._glib = glib
-        self._started.set()
+        icon_dir = Path(tempfile.mkdtemp(prefix="deskeye-tray-", dir=self.temp_root))
         try:
+            self._gtk = {"Gtk": gtk, "icon_dir": icon_dir}
+            if host is TrayHost.SNI and self._make_indicator():
+                self.backend = "appindicator"
+            else:
+                self._make_status_icon()
+                self.backend = "statusicon"
+            self._apply_state()
+            with self._lock:
+                stopping = self._stopping
+                if not stopping:
+                    self._glib = glib
+            self._started.set()
+            if stopping:                      # stop() came while the icon was being made
+                self._hide()
+                return
             gtk.main()
         finally:
-            shutil.rmtree(self._gtk["icon_dir"], ignore_errors=True)
+            shutil.rmtree(icon_dir, ignore_errors=True)
             self._gtk.clear()
 
     def _make_status_icon(self) -> None:
@@ -212,22 +232,29 @@ class Tray:
                    gtk.get_current_event_time())
 
     def _quit_loop(self) -> bool:
+        self._hide()
+        self._gtk["Gtk"].main_quit()
+        return False
+
+    def _hide(self) -> None:
         gtk = self._gtk
         if "status_icon" in gtk:
             gtk["status_icon"].set_visible(False)
         if "menu" in gtk:
             gtk["menu"].destroy()
-        gtk["Gtk"].main_quit()
-        return False
 
     def _run_pystray(self) -> None:
         import pystray
         items = [pystray.MenuItem(e.label, lambda _icon, _item, a=e.action: _call(a)) for e in
                  menu_entries(self.actions)]
-        self._pystray_icon = pystray.Icon("deskeye", draw_icon(self.state), self.title(), menu=pystray.Menu(*items))
+        icon = pystray.Icon("deskeye", draw_icon(self.state), self.title(), menu=pystray.Menu(*items))
+        with self._lock:
+            stopping = self._stopping
+            self._pystray_icon = None if stopping else icon
         self.backend = "pystray"
         self._started.set()
-        self._pystray_icon.run()
+        if not stopping:
+            icon.run()
 
 
 def _import_gtk():

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -22,6 +23,7 @@ from deskeye.client import WorkerClient
 from deskeye.errors import WorkerUnavailable
 from deskeye.settings import Settings, with_overrides
 from deskeye.supervisor import HealthProbe, WorkerSupervisor
+from tests.fixtures.polling import wait_until
 from tests.fixtures.text_image import render_text_png
 
 WORDS = ["Quarterly", "budget", "review"]
@@ -174,8 +176,45 @@ def test_gives_up_after_max_restarts_with_the_workers_output():
         assert "listening on http://127.0.0.1:" in str(failure.value)      # the worker's own last lines
         with pytest.raises(WorkerUnavailable, match="stopped restarting"):
             supervisor.endpoint(timeout_s=0.1)
+        assert wait_until(lambda: not supervisor.state_dir.exists(), 5), "a given-up worker's folder was kept"
     finally:
         supervisor.stop()
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_start_after_stop_starts_nothing(tmp_path, monkeypatch, wait):
+    """A stop is for good (the app quit while it was still starting): no worker, no folder, "not running"."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))      # its state folder would land here
+    supervisor = WorkerSupervisor(ocr_settings())
+    supervisor.stop()
+    try:
+        if wait:
+            with pytest.raises(WorkerUnavailable, match="not running"):
+                supervisor.start()
+        else:
+            supervisor.start(wait=False)
+        assert not wait_until(lambda: _children_in(tmp_path), 2.0), "a worker was started after stop()"
+        assert supervisor.state == "stopped" and supervisor.pid is None
+        assert list(tmp_path.iterdir()) == []
+        with pytest.raises(WorkerUnavailable, match="not running"):
+            supervisor.endpoint(timeout_s=0.1)
+    finally:
+        supervisor.stop()
+
+
+def test_a_stop_racing_start_never_leaves_a_worker_or_a_folder(tmp_path, monkeypatch):
+    """start() and stop() on two threads, the stop a little later each time: whichever wins, nothing is left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for delay_s in (0.0, 0.0002, 0.001, 0.003, 0.01, 0.03, 0.1):
+        supervisor = WorkerSupervisor(ocr_settings())
+        starter = threading.Thread(target=supervisor.start, kwargs={"wait": False})
+        starter.start()
+        time.sleep(delay_s)
+        supervisor.stop()
+        starter.join(10)
+        assert not wait_until(lambda: _children_in(tmp_path), 1.0), f"a worker outlived stop() (delay {delay_s} s)"
+        assert supervisor.state == "stopped", f"state {supervisor.state!r} after stop() (delay {delay_s} s)"
+        assert list(tmp_path.iterdir()) == [], f"a state folder outlived stop() (delay {delay_s} s)"
 
 
 def test_a_worker_that_cannot_start_is_reported_with_its_error(tmp_path):
