@@ -10,6 +10,8 @@ Threads, each stoppable:
 - hotkeys (pynput), tray (GTK, daemon) and the overlay's Tk thread: they only enqueue or display.
 Every description is shown in the overlay and goes to the screen memory ("what was that?") and the hooks;
 what the user asked for is also kept in the rolling conversation memory (cleared on pause/quit).
+With a vision model, a describe is answered in two stages (deskeye/first_look.py): a local OCR worker's first
+look is shown at once, then the model's answer replaces it; only the model's answer is remembered and fires hooks.
 
 A quit is for good, whenever it comes: `start()` checks for it between its steps and `quit()` waits for the step
 in progress, so nothing is started after it. `deskeye run` (cmd_run) handles SIGTERM/SIGINT from its first line,
@@ -29,6 +31,8 @@ from deskeye.asking import route_question
 from deskeye.capture import Frame, ScreenGrabber, check_display
 from deskeye.change import ChangeDetector
 from deskeye.errors import DeskEyeError, SettingsError, UsageError
+from deskeye.first_look import (FIRST_LOOK_LABEL, MAX_HEAD_START_S, MAX_WAIT_AFTER_MODEL_FAILED_S, FirstLookPart,
+                                Stages, model_shares_this_cpu)
 from deskeye.geometry import Rect
 from deskeye.jobs import ASK, AUTO, DESCRIBE, HOTKEY, TRAY, Job, JobQueue
 from deskeye.lifecycle import EXIT_STUCK, RunFolder, StopSignals, exit_now, on_display_lost, write_stderr
@@ -54,8 +58,8 @@ MAX_REQUEST_TOKENS = 1024        # the worker's default --max-tokens-limit
 class App:
     def __init__(self, settings: Settings, *, region: str | None = None, supervisor=None, client=None,
                  router=None, quick=None, screen_memory=None, notifier=None, hooks=None,
-                 use_tray: bool = True, use_hotkeys: bool = True, settings_path: Path | None = None,
-                 temp_root: Path | None = None):
+                 first_look: FirstLookPart | None = None, use_tray: bool = True, use_hotkeys: bool = True,
+                 settings_path: Path | None = None, temp_root: Path | None = None):
         self.settings = settings
         self.settings_path = settings_path or settings.config_dir / "settings.toml"
         self.own_windows = OwnWindows()
@@ -69,6 +73,7 @@ class App:
         self.supervisor, self.client = supervisor, client
         self.router, self.quick, self.screen_memory = router, quick, screen_memory
         self.notifier, self.hooks = notifier, hooks
+        self.first_look = first_look        # None: one stage (the OCR engine alone, or worker.ocr_first = false)
         self.overlay: Overlay | None = None
         self.tray: Tray | None = (Tray(self.tray_actions(), ask_hotkey=settings.hotkeys.ask, temp_root=temp_root)
                                   if use_tray else None)
@@ -112,6 +117,8 @@ class App:
 
     def _start_worker_and_loops(self) -> None:
         self.supervisor.start(wait=False)
+        if self.first_look is not None:
+            self.first_look.start()
         self._spawn("deskeye-jobs", self._job_loop)
         self._spawn("deskeye-capture", self._capture_loop)
 
@@ -267,8 +274,14 @@ class App:
             self.tray.stop()
 
     def _stop_worker(self) -> None:
+        self.stop_workers()
+
+    def stop_workers(self) -> None:
+        """The model's worker and the first look's: an in-flight request fails fast instead of running on."""
         if self.supervisor is not None:
-            self.supervisor.stop()      # an in-flight request fails fast instead of running on
+            self.supervisor.stop()
+        if self.first_look is not None:
+            self.first_look.stop()
 
     def _join_threads(self) -> None:
         for thread in self._threads:
@@ -357,8 +370,18 @@ class App:
         frame = job.frame or self._user_frame()
         if frame is None:
             return
-        answer = self.client.ask(DESCRIBE_QUESTION, self._png(frame), self.memory.turns(), on_text=self._stream,
-                                 windows=frame.windows)
+        png = self._png(frame)
+        stages = self._first_look(png, frame)
+        try:
+            answer = self.client.ask(DESCRIBE_QUESTION, png, self.memory.turns(),
+                                     on_text=self._stream if stages is None else stages.model_text,
+                                     windows=frame.windows)
+        except DeskEyeError as exc:
+            if stages is None or not self._keep_first_look(job, stages, exc):
+                raise
+            return
+        if stages is not None:
+            stages.finish()                  # a first look still on its way is not shown over the answer
         self.change.mark_described(frame.image, frame.masks)
         self._remember(DESCRIBE_QUESTION if job.is_user else "", answer)
         self._show(Kind.ANSWER, answer.summary, answer.key_objects)   # a changed screen is shown too
@@ -384,6 +407,31 @@ class App:
         self._show(Kind.ANSWER, answer.summary, answer.key_objects)
         if deep:
             self.notifier.notify("DeskEye", answer.summary)
+
+    def _first_look(self, png: bytes, frame: Frame) -> Stages | None:
+        """Two stages for this describe: the OCR worker reads the frame while the model answers. None: one stage
+        (no first look configured, the model's worker is itself OCR, or the OCR worker is not serving)."""
+        if self.first_look is None or not self.first_look.is_useful(self.supervisor):
+            return None
+        stages = Stages(self._show)
+        if not self.first_look.ask(stages, png, frame.windows):
+            return None
+        if model_shares_this_cpu(self.settings.worker):
+            stages.wait_for_first_look(MAX_HEAD_START_S)   # side by side on the same cores, both would be slow
+        return stages
+
+    def _keep_first_look(self, job: Job, stages: Stages, error: DeskEyeError) -> bool:
+        """The model failed: show its error under the first look, which stays (False: there is no first look).
+        Nothing is remembered and no hook fires: the first look is not a final answer."""
+        first = stages.first_look_for_failure(MAX_WAIT_AFTER_MODEL_FAILED_S)
+        if first is None:
+            return False
+        log.warning("the model did not answer (%s); the first look (OCR) stays on the overlay", error)
+        self._show(Kind.ERROR, f"{FIRST_LOOK_LABEL}: {first.summary}\nThe model did not answer: {error}",
+                   first.key_objects)
+        if not job.is_user:
+            self.change.reset()              # try the model again on the next tick
+        return True
 
     def _stream(self, text_so_far: str) -> None:
         """A streamed answer's summary so far: the overlay grows with it (as "thinking" until the whole answer,
@@ -457,11 +505,14 @@ def build_app(settings: Settings, *, region: str | None = None, settings_path: P
     """Every part of the app, built from `settings` (a part given in `parts` is used instead). Temporary files
     (the worker's state folder, the tray's icons) go under `temp_root` (None: the system temp folder)."""
     from deskeye.client import WorkerClient
+    from deskeye.first_look import wants_first_look
     from deskeye.hooks import build_runner
     from deskeye.notify import Notifier
     from deskeye.providers import QuickAnswerer, ScreenMemory
     from deskeye.supervisor import WorkerSupervisor
     supervisor = parts.pop("supervisor", None) or WorkerSupervisor(settings, temp_root=temp_root)
+    if "first_look" not in parts and wants_first_look(settings.worker):
+        parts["first_look"] = FirstLookPart.build(settings, temp_root=temp_root)
     screen_memory = parts.pop("screen_memory", None) or ScreenMemory()
     notifier = parts.pop("notifier", None) or Notifier()
     built = {"supervisor": supervisor, "screen_memory": screen_memory, "notifier": notifier,
@@ -527,8 +578,7 @@ def _display_lost(app: App) -> None:
     write_stderr(f"deskeye: lost the X display {os.environ.get('DISPLAY', '')} (the X server stopped or the session "
                  "ended); stopping.\n")
     app.quit()
-    if app.supervisor is not None:
-        app.supervisor.stop()                  # first: the threads that draw are stuck on the dead display
+    app.stop_workers()                         # first: the threads that draw are stuck on the dead display
     app.wait(DISPLAY_LOST_WAIT_S)
     exit_now(EXIT_DISPLAY_LOST)
 

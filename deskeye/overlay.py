@@ -4,7 +4,8 @@
 One thread owns Tk. Other threads never touch it: they put commands on a queue that the Tk thread
 polls with `after()`. `show(content)` is the one way to put something in it (call it again with longer
 text to grow a streamed answer). The window never takes keyboard focus (no focus on show, `takefocus=0`,
-override-redirect), so typing goes on where it was. It fades out after `overlay.fade_after_s`.
+override-redirect), so typing goes on where it was. It fades out after `overlay.fade_after_s`, except while an
+answer is on its way ("thinking", or a first look (OCR) while a vision model answers).
 A right-click on it opens DeskEye's menu (deskeye/menu.py). Every window it makes is registered with
 `OwnWindows`, so capture masks it out of the frames.
 """
@@ -47,11 +48,15 @@ class Kind(enum.StrEnum):
     THINKING = "thinking"
     ERROR = "error"
     NOTICE = "notice"
+    FIRST_LOOK = "first_look"    # the OCR engine's answer, shown while a vision model answers (deskeye/first_look.py)
 
 
-COLOURS = {Kind.ANSWER: "#1f2430", Kind.THINKING: "#27304a", Kind.ERROR: "#5a1f24", Kind.NOTICE: "#3a3a3a"}
+COLOURS = {Kind.ANSWER: "#1f2430", Kind.THINKING: "#27304a", Kind.ERROR: "#5a1f24", Kind.NOTICE: "#3a3a3a",
+           Kind.FIRST_LOOK: "#24343a"}
 HEADINGS = {Kind.ANSWER: "DeskEye", Kind.THINKING: "DeskEye · thinking…", Kind.ERROR: "DeskEye · error",
-            Kind.NOTICE: "DeskEye"}
+            Kind.NOTICE: "DeskEye", Kind.FIRST_LOOK: "DeskEye · first look (OCR) · the model is answering…"}
+#: kinds that stay until the next content replaces them: an answer is on its way
+WAITING_KINDS = frozenset({Kind.THINKING, Kind.FIRST_LOOK})
 
 
 @dataclass(frozen=True)
@@ -278,7 +283,7 @@ class Overlay:
         if self._fade_job is not None:
             window.after_cancel(self._fade_job)
             self._fade_job = None
-        if kind != "thinking" and self.settings.fade_after_s > 0:
+        if kind not in WAITING_KINDS and self.settings.fade_after_s > 0:
             self._fade_job = window.after(int(self.settings.fade_after_s * 1000), lambda: self._fade_step(FADE_STEPS))
 
     def _fade_step(self, steps_left: int) -> None:

@@ -149,6 +149,8 @@ class WorkerSettings:
     restart_window_s: float = _bounded(300.0, 1, 86_400, "seconds")
     max_tokens: int = _bounded(256, 16, 32_768, "tokens")
     ground_with_ocr: bool = False     # add the OCR text of the frame to the model's prompt
+    ocr_first: bool = True            # with a vision model: show the OCR engine's first look while the model
+                                      # answers (a small local OCR worker runs beside it)
 
     def __post_init__(self):
         _check(self.engine in ENGINES, "worker.engine", " | ".join(ENGINES), value=self.engine)

@@ -76,6 +76,10 @@ DESCRIPTIONS = {
     "worker.restart_window_s": "The window, in seconds, for max_restarts.",
     "worker.max_tokens": "Longest answer, in tokens.",
     "worker.ground_with_ocr": "Also give the model the text OCR reads on the frame.",
+    "worker.ocr_first": "With a vision model (a local one or `url`): show the OCR engine's answer for the same "
+                        "frame at once, marked \"first look (OCR)\", until the model's answer replaces it. "
+                        "Runs a small OCR worker beside the model; hooks and memory take only the model's "
+                        "answer. false = one stage, the model's answer only.",
     "memory.turns": "(question, answer) turns carried into the next prompt.",
     "router.data_dir": 'Folder with the router\'s training data; "" = the data shipped with DeskEye (deskeye/rules/).',
     "router.min_confidence": "Below this confidence a quick or deep verdict falls back to standard.",

@@ -163,7 +163,8 @@ def test_deskeye_run_hotkey_shows_vllms_answer_in_the_overlay(vllm_server, xdisp
         assert wait_until(lambda: num_answered(vllm_server) > before, timeout_s=120)          # vLLM answered
         assert wait_until(lambda: subprocess.run(["xdotool", "search", "--onlyvisible", "--name", WINDOW_TITLE],
                                                  capture_output=True, text=True).stdout.strip(), 60)
-        assert not psutil.Process(proc.pid).children(recursive=True)               # external: no worker of ours
+        workers = [" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(workers) == 1 and "--engine ocr" in workers[0], workers   # external: only the first look's OCR worker
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     finally:
