@@ -14,9 +14,11 @@ import sys
 import threading
 from pathlib import Path
 
-from inference_worker.config import (DEFAULT_BATCH_WINDOW_MS, DEFAULT_BODY_TIMEOUT_S, DEFAULT_KV_CACHE_MB,
+from inference_worker.config import (DEFAULT_BATCH_WINDOW_MS, DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S,
+                                     DEFAULT_KV_CACHE_MB, DEFAULT_MAX_IDLE_CONNECTIONS,
                                      DEFAULT_KV_SIMILAR_THRESHOLD, DEFAULT_LOAD_THRESHOLDS_PCT, DEFAULT_MAX_BODY_BYTES,
                                      DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES,
+                                     DEFAULT_MAX_REQUEST_PIXELS,
                                      DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEVICES, DTYPES, ENGINES, ConfigError, WorkerConfig)
 
 PROG = "deskeye-worker"
@@ -60,10 +62,11 @@ def _add_engine_options(g) -> None:
                    help="where the model runs (default: auto = cuda if present, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weight precision (default: auto = bf16 on a GPU that supports it, fp16 on other "
-                        "GPUs, fp32 on the CPU)")
+                        "GPUs; on the CPU bf16 where it computes in bf16 natively (AMX or AVX-512 BF16 in "
+                        "/proc/cpuinfo) for models of 100M parameters or more, else fp32)")
     g.add_argument("--threads", dest="num_threads", type=int, default=0, metavar="N",
-                   help="CPU threads for torch (default: 0 = the library's default; 1 is steadiest on a "
-                        "shared machine)")
+                   help="CPU threads for torch (default: 0 = torch's default, one per physical core; 1 is "
+                        "steadiest on a shared machine)")
     g.add_argument("--no-grammar", dest="use_grammar", action="store_false",
                    help="do not constrain JSON output with a grammar while generating (for tests and "
                         "benchmarks; answers are still validated and retried)")
@@ -96,6 +99,14 @@ def _add_server_options(g) -> None:
     g.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
                    help="a request body that has not fully arrived this long after its headers is answered 408 "
                         "(default: %(default)s)")
+    g.add_argument("--header-timeout-s", type=float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
+                   help="a request head (request line and headers) must arrive within this many seconds of the "
+                        "connection opening (or of its first byte on a kept-alive connection), however slowly it "
+                        "trickles; else 408 and the connection is closed (default: %(default)s)")
+    g.add_argument("--max-idle-connections", type=int, default=DEFAULT_MAX_IDLE_CONNECTIONS, metavar="N",
+                   help="most connections one client address keeps open without a request in progress (idle "
+                        "between requests, or still sending a request head); one more closes the one that has "
+                        "waited longest, never the new one (default: %(default)s; all addresses together: 4x)")
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help="most accepted requests waiting for the model (being prepared or queued); one more is "
                         "answered 503 with Retry-After at once (default: %(default)s)")
@@ -144,10 +155,19 @@ def _add_limits_options(g) -> None:
     g.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS, metavar="N",
                    help="largest image accepted, in pixels (width x height), checked from the file header "
                         "before decoding (default: %(default)s = 7680x4320)")
+    g.add_argument("--max-request-pixels", type=int, default=None, metavar="N",
+                   help="most pixels of all the images of one request together, also read from the file headers "
+                        f"before decoding; it bounds a request's decoding time and memory (default: "
+                        f"{DEFAULT_MAX_REQUEST_PIXELS} = one 7680x4320 or four 3840x2160 frames, or "
+                        "--max-image-pixels if that is larger)")
     g.add_argument("--max-tokens-limit", type=int, default=DEFAULT_MAX_TOKENS_LIMIT, metavar="N",
                    help="largest max_tokens a request may ask for; also caps retries (default: %(default)s)")
     g.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES, metavar="N",
                    help="most images in one request (default: %(default)s)")
+    g.add_argument("--max-prompt-tokens", type=int, default=0, metavar="N",
+                   help="longest prompt accepted, in tokens, images included; a longer one (or one that leaves the "
+                        "answer no room in the model's context) gets HTTP 400 saying by how much it is over "
+                        "(default: 0 = the model's context)")
 
 
 def _numbers(count: int):

@@ -17,6 +17,7 @@ DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024          # a full-HD PNG is ~2-6 MB, base64 adds a third
 DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320             # an 8K frame; larger is refused before decoding
+DEFAULT_MAX_REQUEST_PIXELS = 7680 * 4320           # all of a request's images together: one 8K or four 4K frames
 DEFAULT_MAX_TOKENS_LIMIT = 1024
 DEFAULT_MAX_IMAGES = 4
 DEFAULT_BATCH_WINDOW_MS = (50.0, 150.0, 200.0)     # wait window at low / medium / high load
@@ -25,6 +26,9 @@ DEFAULT_KV_CACHE_MB = 512
 DEFAULT_MAX_QUEUE = 32                             # accepted requests waiting for the model: 4 batches of 8
 DEFAULT_MAX_CONNECTIONS = 64                       # HTTP requests served at once (streams included)
 DEFAULT_BODY_TIMEOUT_S = 10.0                      # a body must arrive this fast (loopback: milliseconds)
+DEFAULT_HEADER_TIMEOUT_S = 5.0                     # a request head must arrive this fast (loopback: milliseconds)
+DEFAULT_MAX_IDLE_CONNECTIONS = 64                  # per client address: open without a request in progress
+MAX_HEADER_TIMEOUT_S = 3600.0
 LISTEN_BACKLOG = 128                               # connections the kernel queues before accept()
 DEFAULT_KV_SIMILAR_THRESHOLD = 0.002               # share of 64x48 cells that may differ for a similar hit
 
@@ -41,8 +45,11 @@ class WorkerConfig:
     state_file: Path | None = None       # None = <user runtime dir>/deskeye/worker.json
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_request_pixels: int | None = None   # all images of a request; None = DEFAULT_MAX_REQUEST_PIXELS or, if
+                                            # larger, max_image_pixels
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     max_images: int = DEFAULT_MAX_IMAGES
+    max_prompt_tokens: int = 0           # longest prompt accepted, in tokens; 0 = the model's context
     max_retries: int = 2                 # re-generations when JSON output is cut off or invalid
     use_grammar: bool = True             # constrain JSON output to the schema while generating
     num_threads: int = 0                 # CPU threads for torch; 0 = the library's default
@@ -51,6 +58,8 @@ class WorkerConfig:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S   # a request body slower than this gets 408
     max_queue: int = DEFAULT_MAX_QUEUE   # accepted requests waiting for the model; one more gets 503 + Retry-After
     max_connections: int = DEFAULT_MAX_CONNECTIONS   # HTTP requests served at once; one more gets 503
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S   # a request head slower than this: 408, closed
+    max_idle_connections: int = DEFAULT_MAX_IDLE_CONNECTIONS   # per client; one more closes the longest waiting
     max_batch_size: int = 8              # most requests decoded together; 1 = one at a time
     batch_window_ms: tuple[float, float, float] = DEFAULT_BATCH_WINDOW_MS
     load_thresholds_pct: tuple[float, float] = DEFAULT_LOAD_THRESHOLDS_PCT
@@ -79,8 +88,14 @@ class WorkerConfig:
             self.state_file = Path(self.state_file).expanduser()
         _check(self.max_body_bytes >= 1024, "--max-body-bytes", "an integer >= 1024", self.max_body_bytes)
         _check(self.max_image_pixels >= 64 * 64, "--max-image-pixels", "an integer >= 4096", self.max_image_pixels)
+        if self.max_request_pixels is None:
+            self.max_request_pixels = max(DEFAULT_MAX_REQUEST_PIXELS, self.max_image_pixels)
+        _check(self.max_request_pixels >= self.max_image_pixels, "--max-request-pixels",
+               f"an integer >= --max-image-pixels ({self.max_image_pixels})", self.max_request_pixels)
         _check(self.max_tokens_limit >= 1, "--max-tokens-limit", "an integer >= 1", self.max_tokens_limit)
         _check(self.max_images >= 0, "--max-images", "an integer >= 0", self.max_images)
+        _check(self.max_prompt_tokens == 0 or 16 <= self.max_prompt_tokens <= 10_000_000, "--max-prompt-tokens",
+               "0 (the model's context) or an integer from 16 to 10000000", self.max_prompt_tokens)
         _check(0 <= self.max_retries <= 10, "--max-retries", "an integer from 0 to 10", self.max_retries)
         _check(self.num_threads >= 0, "--threads", "an integer >= 0 (0 = default)", self.num_threads)
         _check(self.request_timeout_s > 0, "--request-timeout-s", "a number of seconds > 0", self.request_timeout_s)
@@ -88,6 +103,10 @@ class WorkerConfig:
         _check(1 <= self.max_queue <= 100_000, "--max-queue", "an integer from 1 to 100000", self.max_queue)
         _check(1 <= self.max_connections <= 10_000, "--max-connections", "an integer from 1 to 10000",
                self.max_connections)
+        _check(0 < self.header_timeout_s <= MAX_HEADER_TIMEOUT_S, "--header-timeout-s",
+               f"a number of seconds above 0 and at most {MAX_HEADER_TIMEOUT_S:g}", self.header_timeout_s)
+        _check(1 <= self.max_idle_connections <= 10_000, "--max-idle-connections", "an integer from 1 to 10000",
+               self.max_idle_connections)
         _check(1 <= self.max_batch_size <= 64, "--max-batch-size", "an integer from 1 to 64", self.max_batch_size)
         self.batch_window_ms = tuple(float(v) for v in self.batch_window_ms)
         _check(len(self.batch_window_ms) == 3 and all(0 <= v <= 5000 for v in self.batch_window_ms),

@@ -161,7 +161,9 @@ def test_chunked_body_is_refused_with_411(tiny_worker):
 
 def test_health_needs_no_key_but_everything_else_does(tiny_worker):
     status, body = tiny_worker.request("GET", "/health", auth=False)
-    assert status == 200 and body == {"status": "ok", "engine": "transformers", "model": tiny_worker.model}
+    assert status == 200 and body == {"status": "ready"}
+    status, body = tiny_worker.request("GET", "/health")
+    assert status == 200 and body == {"status": "ready", "engine": "transformers", "model": tiny_worker.model}
     for path in ("/metrics", "/v1/models"):
         assert tiny_worker.request("GET", path, auth=False)[0] == 401
 

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference_worker.errors import ProtocolError, TooManyConnectionsError
 from inference_worker.server.auth import is_authorized
-from inference_worker.server.routes import BODY_KEY, register_routes
+from inference_worker.server.routes import AUTHORIZED_KEY, BODY_KEY, register_routes
 
 log = logging.getLogger("deskeye.worker")
 
@@ -162,7 +162,8 @@ class Gates:
         if scope["method"] not in KNOWN_METHODS:
             raise ProtocolError(f"Unsupported method ({scope['method']!r}); this worker answers "
                                 f"{', '.join(KNOWN_METHODS)}.", status=501, code="http_error")
-        if scope["path"] not in UNGATED_ROUTES and not is_authorized(headers.get("authorization"), settings.api_key):
+        scope[AUTHORIZED_KEY] = is_authorized(headers.get("authorization"), settings.api_key)
+        if scope["path"] not in UNGATED_ROUTES and not scope[AUTHORIZED_KEY]:
             given = "a wrong key" if headers.get("authorization") else "no key"
             raise ProtocolError(f"Unauthorized: the request carried {given}. Send 'Authorization: Bearer <key>' "
                                 "with the api_key from the worker's state file (or the --api-key it was given).",

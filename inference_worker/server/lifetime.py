@@ -9,6 +9,7 @@ serves the FastAPI app (app.py) on its own thread with its own event loop.
 from __future__ import annotations
 
 import errno
+import functools
 import gc
 import logging
 import os
@@ -23,7 +24,7 @@ from inference_worker.config import LISTEN_BACKLOG, WorkerConfig
 from inference_worker.errors import WorkerStartError
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.server.app import GateSettings, build_app, worker_url
-from inference_worker.server.h11_errors import JsonErrorH11Protocol
+from inference_worker.server.connections import GuardedH11Protocol, IdleConnections
 from inference_worker.server.routes import Routes
 from inference_worker.serving.service import ModelService
 
@@ -105,12 +106,16 @@ def _bind(config: WorkerConfig) -> socket.socket:
 
 
 def _uvicorn_config(app, config: WorkerConfig) -> uvicorn.Config:
-    """uvicorn's own connection cap sits above the gates' (which answer 503 in the worker's JSON shape), as a
-    backstop for idle keep-alive connections; its access log stays off (the worker counts requests itself)."""
-    return uvicorn.Config(app, http=JsonErrorH11Protocol, lifespan="off", access_log=False, log_config=None,
-                          limit_concurrency=config.max_connections * 2 + 8, backlog=LISTEN_BACKLOG,
-                          timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S / 2,
-                          server_header=False, date_header=False)
+    """uvicorn serves h11 with the idle-connection guard (connections.py: a request-head deadline, a cap per
+    client address); its own connection cap (limit_concurrency) stays off, because it counts connections that
+    never finish their headers and then answers every client, the one with the key too, with a plain 503.
+    Requests in flight are capped by the gates (app.py). No WebSocket upgrades (the worker serves none); the
+    access log stays off (the worker counts requests itself)."""
+    idle = IdleConnections(config.header_timeout_s, config.max_idle_connections)
+    return uvicorn.Config(app, http=functools.partial(GuardedH11Protocol, idle=idle), ws="none", lifespan="off",
+                          access_log=False, log_config=None, backlog=LISTEN_BACKLOG, timeout_keep_alive=KEEP_ALIVE_S,
+                          timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S / 2, server_header=False,
+                          date_header=False)
 
 
 def _wait(stop: threading.Event, service: ModelService, serving: threading.Thread) -> None:

@@ -3,7 +3,9 @@
 POST /v1/chat/completions  OpenAI chat completions (text + base64 data-URL images, json_schema output); with
                            "stream": true, Server-Sent Events in OpenAI's chunk format (streaming.py)
 GET  /v1/models            the served model
-GET  /health               503 {"status": "loading", "progress"} until the engine is ready, then 200
+GET  /health               503 {"status": "loading"} until the engine is ready, then 200 {"status": "ready"};
+                           with the key also the progress, or the engine and model (no key: nothing more, so
+                           a stranger on the machine learns no model path)
 GET  /metrics              Prometheus text
 GET  /openapi.json         the OpenAPI description of all of these
 
@@ -42,6 +44,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (503, "loading, or busy: retry after Retry-After seconds"), (504, "no answer in time"))}
 
 BODY_KEY = "deskeye.body"          # scope key: the request body the gates (app.py) read, for the routes
+AUTHORIZED_KEY = "deskeye.authorized"   # scope key: the gates found the bearer key (the ungated /health asks)
 
 
 class Routes:
@@ -52,13 +55,16 @@ class Routes:
         self.limits = RequestLimits(max_tokens=config.max_tokens_limit, max_images=config.max_images)
         self.created_s = int(time.time())
 
-    def health(self) -> tuple[int, dict[str, Any]]:
+    def health(self, authorized: bool) -> tuple[int, dict[str, Any]]:
+        """Ready or not; the details (which name the model, often a local path) only with the key."""
         service = self.service
         if service.state == "ready" and service.engine is not None:
-            return 200, {"status": "ok", "engine": service.engine.kind, "model": service.engine.model_name}
-        if service.state == "failed":
-            return 503, {"status": "failed", "error": service.load_error}
-        return 503, {"status": service.state, "progress": service.progress}
+            status, details = 200, {"engine": service.engine.kind, "model": service.engine.model_name}
+        elif service.state == "failed":
+            status, details = 503, {"error": service.load_error}
+        else:
+            status, details = 503, {"progress": service.progress}
+        return status, {"status": service.state, **(details if authorized else {})}
 
     def models(self) -> tuple[int, dict[str, Any]]:
         engine = self.ready_engine()
@@ -130,8 +136,8 @@ def register_routes(app: FastAPI, routes: Routes) -> None:
     from inference_worker.server.streaming import stream_answer
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Readiness probe")
-    def health() -> Response:
-        status, body = routes.health()
+    def health(http: Request) -> Response:
+        status, body = routes.health(bool(http.scope.get(AUTHORIZED_KEY)))
         return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, summary="The served model")

@@ -32,21 +32,28 @@ async def stream_answer(routes, request: ChatRequest, http: Request) -> Streamin
     """Accept the request, wait until it is prepared (errors so far are plain HTTP errors), then stream."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    queued = asyncio.Event()
+    queued, answered = asyncio.Event(), asyncio.Event()
     put = lambda item: loop.call_soon_threadsafe(events.put_nowait, item)  # noqa: E731 - from the model thread
     job = routes.service.submit_job(request, on_text=lambda text: put(("text", text)),
                                     on_queued=lambda: loop.call_soon_threadsafe(queued.set))
-    job.future.add_done_callback(lambda future: put(("done", future)))
+
+    def settled(future: Future) -> None:
+        """On the thread that settles the job. An event, not asyncio.wrap_future: a wrapped future nobody awaits
+        once the stream has started would keep the job's error (a closed stream's cancellation, a schema
+        failure) and log "Future exception was never retrieved" when it is collected."""
+        put(("done", future))
+        loop.call_soon_threadsafe(answered.set)
+
+    job.future.add_done_callback(settled)
     deadline_s = time.monotonic() + routes.config.request_timeout_s
-    answered = asyncio.wrap_future(job.future)
-    is_queued = asyncio.ensure_future(queued.wait())
+    waits = {asyncio.ensure_future(queued.wait()), asyncio.ensure_future(answered.wait())}
     try:
-        await asyncio.wait({answered, is_queued}, timeout=routes.config.request_timeout_s,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=routes.config.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        is_queued.cancel()
+        for waiter in waits:
+            waiter.cancel()
     if not queued.is_set():
-        if not answered.done():
+        if not answered.is_set():
             routes.service.cancel(job, "not prepared in time")
             raise timeout_error(routes.config.request_timeout_s)
         _raise_outcome(job.future)          # an error before the stream started: a plain HTTP error
