@@ -247,20 +247,24 @@ def _part(wire: TextPart | ImageUrlPart, where: str) -> str | ImagePart:
     return decode_data_url(url, where)
 
 
-_DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]+)?(;[\w=-]+)*;base64,(?P<data>.*)$", re.S)
+#: a data URL's part before the comma (type, parameters, ";base64") is looked for only this far
+MAX_DATA_URL_HEADER_CHARS = 1024
 
 
 def decode_data_url(url: str, where: str = "image_url") -> ImagePart:
-    match = _DATA_URL.match(url)
-    if not match:
+    """An image from a base64 data URL (RFC 2397): `data:<type>[;<attribute>=<value>]...;base64,<data>`. MIME
+    parameters such as `name=a.png` or `charset=...` are allowed and ignored; the type is kept; base64 is required."""
+    comma = url.find(",", 0, MAX_DATA_URL_HEADER_CHARS)
+    fields = url[:comma].split(";") if comma > 0 else []
+    if len(fields) < 2 or fields[0][:5].lower() != "data:" or fields[-1].strip().lower() != "base64":
         raise ProtocolError(f"{where}: only base64 data URLs are accepted (data:image/png;base64,...); "
                             "the worker never fetches remote URLs.", param=where)
-    mime = (match.group("mime") or "").lower()
+    mime = fields[0][5:].strip().lower()
     if mime not in SUPPORTED_IMAGE_MIME:
         raise ProtocolError(f"{where}: unsupported image type {mime!r}; use one of {', '.join(SUPPORTED_IMAGE_MIME)}.",
                             param=where, status=415)
     try:
-        data = base64.b64decode(match.group("data"), validate=True)
+        data = base64.b64decode(url[comma + 1:], validate=True)
     except (binascii.Error, ValueError):
         raise ProtocolError(f"{where}: the base64 payload is broken.", param=where) from None
     if not data:

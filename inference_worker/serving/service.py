@@ -11,7 +11,9 @@ Back-pressure and cancellation: at most `max_queue` accepted requests wait for t
 one more is refused at once (QueueFullError: 503 + Retry-After), so an accepted request is never dropped. A
 request whose client went away or timed out is cancelled (`cancel`): its `Prepared.cancelled` event is set, so
 it is dropped if it has not started decoding and the engine ends its row at the next step if it has; a
-cancelled row is never retried. A streamed request (`on_text`) gets text as the engine produces it and is never
+cancelled row is never retried. Its images stop decoding before the next one (serving/images.py bounds the work
+of each, and of all of a request's together, from their headers). A settled request lets go of its decoded
+images at once, and after a batch that followed enough decoded pixels the heap's free pages go back to the OS. A streamed request (`on_text`) gets text as the engine produces it and is never
 retried once text was sent: a schema failure ends its stream with the error instead.
 
 The seam with a continuously decoding engine: `run_batch(items, on_done, take_more)`. Between decode steps the
@@ -33,7 +35,8 @@ from typing import Any, Callable
 from inference_worker.config import WorkerConfig
 from inference_worker.serving.validation import output_problem, retry_request
 from inference_worker.engines.base import Engine, EngineStats, Prepared
-from inference_worker.serving.images import decode_request_images
+from inference_worker.serving.images import (TRIM_AFTER_PIXELS, check_request_images, decode_request_images,
+                                             release_freed_memory)
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.errors import CancelledError, ProtocolError, QueueFullError, ServiceError, one_line
 from inference_worker.protocol import ChatRequest, Completion
@@ -88,6 +91,8 @@ class ModelService:
         self._thread = threading.Thread(target=self._run, name="deskeye-model", daemon=True)
         self._waiting_lock = threading.Lock()
         self._num_waiting = 0
+        self._pixels_lock = threading.Lock()
+        self._pixels_since_trim = 0       # decoded here since the heap was last trimmed
         self.engine: Engine | None = None
         self.state = "loading"
         self.progress = "starting"
@@ -165,9 +170,10 @@ class ModelService:
             self._settle(job, ServiceError("The worker is shutting down.", status=503, code="shutting_down"))
             return
         try:
-            images = None if self.engine.decodes_images else decode_request_images(job.request,
-                                                                                    self._config.max_image_pixels)
+            images = self._decode_images(job)
             job.prepared = self._with_callbacks(self.engine.prepare(job.request, images), job)
+        except CancelledError:                # cancelled while its images were decoded: nobody waits for it
+            return
         except ProtocolError as exc:
             self._settle(job, exc)
             return
@@ -179,6 +185,22 @@ class ModelService:
         self._enqueue(job)
         if job.on_queued is not None:
             job.on_queued()
+
+    def _decode_images(self, job: Job) -> list | None:
+        """The request's images, decoded here once every header passed the image limits (pixels per image and
+        per request, JPEG scans, frames); None for an engine that decodes them itself (its processes), whose
+        limits are checked here all the same. Stops between two images once the request is cancelled."""
+        config = self._config
+        if self.engine.decodes_images:
+            check_request_images(job.request, config.max_image_pixels, config.max_request_pixels)
+            return None
+        images = decode_request_images(job.request, config.max_image_pixels,
+                                       max_request_pixels=config.max_request_pixels, cancelled=job.cancelled)
+        with self._pixels_lock:
+            self._pixels_since_trim += sum(image.width * image.height for image in images)
+        if job.cancelled.is_set():
+            raise CancelledError("the client went away or timed out while its images were decoded")
+        return images
 
     def _with_callbacks(self, prepared: Prepared, job: Job) -> Prepared:
         """The job's cancellation event and text callback on its Prepared (a retry's replace keeps both)."""
@@ -262,6 +284,7 @@ class ModelService:
             self._engine_failed(jobs, exc)
         finally:
             self._after_call()
+            self._release_freed_memory()
             self._metrics.model_time.count()
             self._metrics.batch_size.observe(len(jobs))      # the model call's requests, joiners included; last
             self._signals.batch_finished(time.monotonic() - started_s)
@@ -292,6 +315,7 @@ class ModelService:
         if job.retries:
             return not job.cancelled.is_set() or self._settle_cancelled(job)
         if not job.future.set_running_or_notify_cancel():     # cancelled while it waited: dropped
+            job.prepared = None                                # its images and tensors go now, not at a GC
             return False
         self._stop_waiting(job)
         return True
@@ -349,6 +373,8 @@ class ModelService:
         self._settle(job, completion)
 
     def _settle(self, job: Job, outcome: Completion | Exception) -> None:
+        job.prepared = None          # its images and tensors go now: the job itself lives on, in a cycle with its
+                                     # future's callbacks, until a garbage collection
         self._metrics.retries.inc(job.retries)
         if job.future.done():                  # timed out and cancelled meanwhile
             return
@@ -387,6 +413,15 @@ class ModelService:
             return
         self._metrics.cache_releases.inc()
         self._metrics.advance_to(self._metrics.cuda_empty_cache, self.engine.stats().num_cuda_empty_cache_calls)
+
+    def _release_freed_memory(self) -> None:
+        """After a batch, once enough pixels were decoded since the last time: hand the C heap's free pages back
+        to the OS. The batch's images are freed by now (`_settle`); without this their pages stay in the RSS."""
+        with self._pixels_lock:
+            if self._pixels_since_trim < TRIM_AFTER_PIXELS:
+                return
+            self._pixels_since_trim = 0
+        release_freed_memory()
 
     def _update_cache_metrics(self) -> None:
         stats = self.engine.stats()

@@ -155,7 +155,7 @@ class _Child:
 def _child_main(connection: Any, preprocessor: Preprocessor) -> None:
     """A child's loop: (request, max_image_pixels) in, (True, PromptInputs) or (False, exception) out; None ends
     it, and so does the parent's end of the pipe closing."""
-    from inference_worker.serving.images import decode_request_images
+    from inference_worker.serving.images import TRIM_AFTER_PIXELS, decode_request_images, release_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl+C in the worker's terminal: the parent stops us
     torch.set_num_threads(1)              # a request's images are small work; the cores belong to the model
@@ -167,12 +167,17 @@ def _child_main(connection: Any, preprocessor: Preprocessor) -> None:
         if message is None:
             return
         request, max_image_pixels = message
+        images = []
         try:
             images = decode_request_images(request, max_image_pixels)
             answer = (True, _to_wire(preprocessor.encode(request.messages, images)))
         except Exception as exc:  # noqa: BLE001 - that request's answer, raised again in the parent
             answer = (False, _picklable(exc))
         connection.send(answer)
+        num_pixels = sum(image.width * image.height for image in images)
+        images = answer = message = request = None      # freed now, not when the next request arrives
+        if num_pixels >= TRIM_AFTER_PIXELS:
+            release_freed_memory()        # and their pages handed back to the OS
 
 
 def _picklable(exc: Exception) -> Exception:
