@@ -404,9 +404,9 @@ class App:
         answer = self.client.ask(job.question, self._png(frame), self.memory.turns(), max_tokens=max_tokens,
                                  on_text=None if deep else self._stream, windows=frame.windows)
         self._remember(job.question, answer)
-        self._show(Kind.ANSWER, answer.summary, answer.key_objects)
+        self._show(Kind.ANSWER, answer.shown_text(), answer.key_objects)     # with a note if the question was cut
         if deep:
-            self.notifier.notify("DeskEye", answer.summary)
+            self.notifier.notify("DeskEye", answer.shown_text())
 
     def _first_look(self, png: bytes, frame: Frame) -> Stages | None:
         """Two stages for this describe: the OCR worker reads the frame while the model answers. None: one stage

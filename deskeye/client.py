@@ -12,6 +12,10 @@ With `on_text`, the answer is streamed (`stream=True`, Server-Sent Events): `on_
 summary decoded so far each time it grows (DeskEye's schema puts the summary first), so the overlay can show the
 answer as it is generated; the full answer is parsed and returned at the end as without streaming.
 
+What is sent is bounded (deskeye/prompt.py): a question longer than MAX_QUESTION_CHARS is cut (its start and its
+end are sent) and `Answer.notes` tells the user so; the conversation memory sent is the newest turns that fit in
+MAX_MEMORY_CHARS. A model reads a bounded prompt, and a long one holds the model thread for its whole prefill.
+
 The answer is untrusted model text: it is returned as data and never put into a shell, URL or path.
 """
 
@@ -23,13 +27,13 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from deskeye import output_mode
 from deskeye.errors import AnswerError, WorkerUnavailable
 from deskeye.settings import Settings
 from deskeye.supervisor import Endpoint, WorkerSupervisor
-from deskeye.prompt import Turn, build_messages, parse_description
+from deskeye.prompt import Turn, bound_memory, bound_question, build_messages, parse_description
 from deskeye.window_facts import WindowFact, deskeye_extension
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -49,9 +53,21 @@ class Answer:
     engine: str                  # "ocr", "transformers", ... or "external:<model id>"
     latency_ms: int              # wall time of the request, as seen by the app
     output_mode: str = output_mode.JSON_SCHEMA   # how the JSON was obtained: "json_schema" | "prompt_and_parse"
+    #: what the user should know about how they were asked (e.g. their question was cut to what DeskEye sends)
+    notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """The answer's fields; `notes` only when there are some."""
+        fields = asdict(self)
+        if not self.notes:
+            del fields["notes"]
+        else:
+            fields["notes"] = list(self.notes)
+        return fields
+
+    def shown_text(self) -> str:
+        """The summary, then each note on a line of its own: what the overlay or a terminal shows."""
+        return "\n".join((self.summary, *self.notes))
 
 
 class WorkerClient:
@@ -74,18 +90,24 @@ class WorkerClient:
         `windows`: the window facts of the frame (deskeye.window_facts), sent as the request's "deskeye" field."""
         import openai
 
-        messages = build_messages(question, image_png, list(memory), context)
+        question, note = bound_question(question)
+        turns, num_left_out = bound_memory(list(memory))
+        if num_left_out:
+            log.info("%d earlier turn(s) of the conversation left out of the prompt (longer than DeskEye sends)",
+                     num_left_out)
+        notes = (note,) if note else ()
+        messages = build_messages(question, image_png, turns, context)
         extra_body = {"deskeye": deskeye_extension(windows)} if windows else None
         max_tokens = max_tokens or self.settings.worker.max_tokens
         endpoint = self.supervisor.endpoint()
         try:
-            return self._ask_once(endpoint, messages, max_tokens, on_text, extra_body)
+            return self._with_notes(self._ask_once(endpoint, messages, max_tokens, on_text, extra_body), notes)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError:
             endpoint = self.supervisor.recover(endpoint)     # raises WorkerUnavailable if it stays down
         try:
-            return self._ask_once(endpoint, messages, max_tokens, on_text, extra_body)
+            return self._with_notes(self._ask_once(endpoint, messages, max_tokens, on_text, extra_body), notes)
         except openai.APITimeoutError:
             raise self._timeout_error(endpoint) from None
         except openai.APIConnectionError as exc:
@@ -97,6 +119,11 @@ class WorkerClient:
             if self._client is not None:
                 self._client.close()
             self._client, self._client_endpoint = None, None
+
+    @staticmethod
+    def _with_notes(answer: Answer, notes: tuple[str, ...]) -> Answer:
+        answer.notes = (*answer.notes, *notes)
+        return answer
 
     # ------------------------------------------------------------------ one request
 

@@ -1,7 +1,8 @@
 """Rolling conversation memory: the last few (question, answer) turns, carried into the next prompt.
 
-The app keeps it (the worker is stateless). Thread-safe: the hotkey, the tray and the capture loop
-may add to it and read it from different threads.
+The app keeps it (the worker is stateless). Each turn is kept bounded (deskeye/prompt.py: a question or answer of
+at most MAX_TURN_CHARS), so what it holds and what it adds to a prompt stay small whatever was asked. Thread-safe:
+the hotkey, the tray and the capture loop may add to it and read it from different threads.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from deskeye.prompt import Turn
+from deskeye.prompt import Turn, bound_turn
 
 
 class ConversationMemory:
@@ -21,11 +22,13 @@ class ConversationMemory:
         self._lock = threading.Lock()
 
     def add(self, question: str, answer: str) -> None:
-        """Remember one turn; the oldest falls out once there are more than `max_turns`."""
+        """Remember one turn (each side cut to MAX_TURN_CHARS); the oldest falls out once there are more than
+        `max_turns`."""
         if self.max_turns == 0:
             return
+        turn = bound_turn(Turn(question, answer))
         with self._lock:
-            self._turns.append(Turn(question, answer))
+            self._turns.append(turn)
 
     def turns(self) -> list[Turn]:
         """The remembered turns, oldest first (a copy: safe to use while others add)."""

@@ -151,3 +151,5 @@ def _print_answer(answer: Answer, *, as_json: bool, tier: str | None = None) -> 
     for name in answer.key_objects:
         print(f"  - {printable(name)}")
     print(f"({printable(answer.engine)}, {answer.latency_ms} ms)")
+    for note in answer.notes:                       # e.g. the question was cut to what DeskEye sends
+        print(f"deskeye: {printable(note)}", file=sys.stderr)

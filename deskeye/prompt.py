@@ -18,6 +18,15 @@ SUMMARY_MAX_CHARS = 200
 OBJECT_MAX_CHARS = 40
 MAX_KEY_OBJECTS = 8
 
+# What the app sends at most. A model reads a bounded prompt (its context: a worker refuses a longer one with a 400),
+# and every token of it is prefill the model thread spends before answering, so a pasted log or a long conversation
+# is cut here, where the user can be told, rather than refused there. About 4 characters make a token: the question
+# takes at most ~500 tokens and the conversation ~1,500, which leave room for a frame in an 8K context.
+MAX_QUESTION_CHARS = 2000
+MAX_TURN_CHARS = 600             # one remembered question or answer
+MAX_MEMORY_CHARS = 6000          # all remembered turns together; the oldest are left out first
+CUT_MARK = " […] "
+
 # A string that always closes: no control characters, at most N characters. Grammar engines ignore
 # maxLength when a pattern is set, so the bound lives in the pattern itself. xgrammar (vLLM's and SGLang's default
 # backend) fails to compile a bounded repeat above 128 (`{0,129}`), so a longer bound is written as a run of
@@ -79,9 +88,55 @@ def image_data_url(png: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(png).decode('ascii')}"
 
 
+def cut_sizes(max_chars: int) -> tuple[int, int]:
+    """How many characters of a cut text's start and end `cut_text` keeps (with CUT_MARK, `max_chars` in all)."""
+    keep = max(0, max_chars - len(CUT_MARK))
+    return keep - keep // 4, keep // 4
+
+
+def cut_text(text: str, max_chars: int) -> str:
+    """`text` if it has at most `max_chars` characters, else its start and its end (a question's ask is often its
+    last line) around CUT_MARK, `max_chars` characters in all."""
+    if len(text) <= max_chars:
+        return text
+    head, tail = cut_sizes(max_chars)
+    return text[:head] + CUT_MARK + (text[len(text) - tail:] if tail else "")
+
+
+def bound_question(question: str) -> tuple[str, str | None]:
+    """The question as sent (at most MAX_QUESTION_CHARS) and, when it was cut, a note for the user saying so."""
+    if len(question) <= MAX_QUESTION_CHARS:
+        return question, None
+    head, tail = cut_sizes(MAX_QUESTION_CHARS)
+    return cut_text(question, MAX_QUESTION_CHARS), (
+        f"Your question was {len(question):,} characters long; DeskEye sent only its first {head:,} and last "
+        f"{tail:,} characters (at most {MAX_QUESTION_CHARS:,}). Ask a shorter question to send all of it.")
+
+
+def bound_turn(turn: Turn) -> Turn:
+    """One remembered turn, each side at most MAX_TURN_CHARS."""
+    return Turn(cut_text(turn.question, MAX_TURN_CHARS), cut_text(turn.answer, MAX_TURN_CHARS))
+
+
+def bound_memory(memory: list[Turn]) -> tuple[list[Turn], int]:
+    """The newest turns (each bounded) that fit in MAX_MEMORY_CHARS together, oldest first, and how many older
+    turns were left out."""
+    kept: list[Turn] = []
+    used = 0
+    for turn in reversed([bound_turn(t) for t in memory]):
+        size = len(turn.question) + len(turn.answer)
+        if used + size > MAX_MEMORY_CHARS:
+            break
+        kept.append(turn)
+        used += size
+    kept.reverse()
+    return kept, len(memory) - len(kept)
+
+
 def build_messages(question: str, image_png: bytes | None, memory: list[Turn] = (),
                    context: str | None = None) -> list[dict[str, Any]]:
-    """OpenAI-format messages: system prompt, previous turns, then the question with the frame."""
+    """OpenAI-format messages: system prompt, previous turns, then the question with the frame, as given (the app's
+    client bounds the question and the turns first: `bound_question`, `bound_memory`)."""
     system = SYSTEM_PROMPT if not context else f"{SYSTEM_PROMPT}\nText read on the screen:\n{context}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     for turn in memory:

@@ -30,6 +30,18 @@ class ProtocolError(ValueError):
         return {"error": {"message": str(self), "type": self.code, "param": self.param, "code": self.status}}
 
 
+class PromptTooLongError(ProtocolError):
+    """A prompt longer than the model reads (its context, or --max-prompt-tokens): refused in `prepare`, before the
+    model thread spends anything on it. The message names the size, the limit and by how much it is over; the
+    numbers are kept too (tokens, or characters when the text was refused before tokenizing)."""
+
+    def __init__(self, message: str, *, num_tokens: int | None = None, max_tokens: int | None = None,
+                 num_chars: int | None = None, max_chars: int | None = None):
+        super().__init__(message, status=400, param="messages", code="context_length_exceeded")
+        self.num_tokens, self.max_tokens = num_tokens, max_tokens
+        self.num_chars, self.max_chars = num_chars, max_chars
+
+
 class ServiceError(ProtocolError):
     """A request the worker accepted but could not answer (engine failure, timeout, loading, 502 schema)."""
 

@@ -195,3 +195,14 @@ def test_a_large_image_is_scaled_down_to_what_the_worker_accepts(tmp_path, capsy
     with Image.open(io.BytesIO(png)) as small:
         assert small.width * small.height <= 30_000 and abs(small.width / small.height - 4 / 3) < 0.02
     assert "scaled down" in capsys.readouterr().err
+
+
+def test_ask_cuts_a_pasted_log_and_says_so_on_stderr(cli, text_image):
+    """A question of 50,000 characters (a pasted log) is cut to what the app sends, keeping its end where the
+    actual question usually is, and the user is told: the answer on stdout, the note on stderr."""
+    question = "log line 12345 ok\n" * 2800 + "why did the last build fail?"
+    proc = cli("ask", question, "--image", str(text_image))
+    assert proc.returncode == 0, proc.stderr
+    _no_traceback(proc)
+    assert "deskeye: Your question was" in proc.stderr and f"{len(question):,} characters long" in proc.stderr
+    assert "Your question was" not in proc.stdout

@@ -42,6 +42,7 @@ class EngineOptions:
     kv_similar_threshold: float | None = None     # None: the similar level is off
     prepare_processes: int = 0                    # processes running the processor (0: the preprocessing threads)
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS   # the worker's --max-image-pixels, which those processes apply
+    max_prompt_tokens: int = 0                    # the worker's --max-prompt-tokens (0 = the model's context)
 
     def __post_init__(self):
         if self.num_threads is not None and self.num_threads < 1:
@@ -50,6 +51,8 @@ class EngineOptions:
             raise ValueError(f"kv_cache_bytes must be >= 0 (0 = off); got {self.kv_cache_bytes}.")
         if self.prepare_processes < 0:
             raise ValueError(f"prepare_processes must be >= 0 (0 = threads); got {self.prepare_processes}.")
+        if self.max_prompt_tokens < 0:
+            raise ValueError(f"max_prompt_tokens must be >= 0 (0 = the context); got {self.max_prompt_tokens}.")
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ def _load_openvino(config: "WorkerConfig", progress: Callable[[str], None]) -> "
     from inference_worker.engines.openvino.engine import load_openvino_engine
     progress(f"compiling {config.model} with OpenVINO")
     return load_openvino_engine(config.model, use_grammar=config.use_grammar, num_threads=config.num_threads,
-                                cache_dir=config.cache_dir, vision_cache_bytes=config.kv_cache_bytes)
+                                cache_dir=config.cache_dir, vision_cache_bytes=config.kv_cache_bytes,
+                                max_prompt_tokens=config.max_prompt_tokens)
 
 
 def _load_ocr(progress: Callable[[str], None]) -> "Engine":
@@ -155,5 +159,6 @@ def _load_transformers(config: "WorkerConfig", progress: Callable[[str], None]) 
     options = EngineOptions(device=config.device, dtype=config.dtype, use_grammar=config.use_grammar,
                             num_threads=config.num_threads or None, kv_cache_bytes=config.kv_cache_bytes,
                             kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None,
-                            prepare_processes=config.prepare_processes, max_image_pixels=config.max_image_pixels)
+                            prepare_processes=config.prepare_processes, max_image_pixels=config.max_image_pixels,
+                            max_prompt_tokens=config.max_prompt_tokens)
     return load_hf_engine(config.model, options, progress=sys.stderr.isatty())   # a tqdm bar for people only

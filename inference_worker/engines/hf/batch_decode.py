@@ -15,6 +15,12 @@ Between steps the decoder asks `take_more(num_live)` for rows that arrived meanw
 its queue without waiting): a new request waits at most one step, not for the whole batch. A row that ends (EOS,
 its token limit, or its `cancelled` event set) is handed back at once through `on_done` and its row is freed.
 
+A row prefilled alone goes through the model in pieces of at most `prefill_chunk_tokens` tokens of text (the
+span of image tokens stays in one piece, which carries the image inputs), each on the cache the ones before it
+filled; between pieces the row's `cancelled` event is read, so a request whose client went away or timed out frees
+the model thread within one piece. Cold rows prefilled together are only those whose prompt is one piece. A row also
+stops at the end of the model's context (`max_context_tokens`), as at its token limit.
+
 Rows may carry their prompt as embeddings (`PromptInputs.prefix_embeds`) instead of image tensors: an engine that
 builds its own multimodal embeddings (MiniCPM-o) then gives the decoder its inner language model.
 """
@@ -22,6 +28,7 @@ builds its own multimodal embeddings (MiniCPM-o) then gives the decoder its inne
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -35,6 +42,7 @@ from inference_worker.engines.hf.packed_images import packs_images
 from inference_worker.engines.hf.prefill_together import PrefillTogether
 from inference_worker.engines.hf.rows import PromptInputs, Row, RowResult
 from inference_worker.engines.hf.sampling import TokenSampler, argmax_lines
+from inference_worker.engines.hf.loading import vision_seconds
 from inference_worker.engines.hf.text_path import text_path
 
 if TYPE_CHECKING:
@@ -42,6 +50,10 @@ if TYPE_CHECKING:
     from inference_worker.engines.hf.grammar import SchemaGrammars
 
 log = logging.getLogger("deskeye.worker")
+
+#: tokens of text in one prefill forward (a row's images' tokens come on top, in one piece): the most a cancelled
+#: row keeps the model thread after its client went away
+PREFILL_CHUNK_TOKENS = 512
 
 OnRowDone = Callable[[int, "RowResult | Exception"], None]
 #: (rows decoding now) -> new (index, Row) pairs to join the decode; [] when none are waiting
@@ -61,6 +73,7 @@ class _Live:
     first_token_s: float = 0.0
     slot: int = 0                    # its row in the GrammarBatch
     grammar_s: float = 0.0           # its share of the grammar's time, read when it leaves
+    vision_s: float = 0.0            # the model's image encoding in its prefill (a group prefilled together: a share)
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] | None = None
     max_live: int = 1
@@ -85,7 +98,10 @@ class BatchDecoder(PrefillTogether):
 
     def __init__(self, model: Any, *, eos_token_ids: Sequence[int], frame_cache: "FrameCache | None" = None,
                  grammars: Callable[[], "SchemaGrammars"] | None = None, can_merge: bool = True,
-                 can_prefill_together: bool = False, keep_logits: bool = False):
+                 can_prefill_together: bool = False, keep_logits: bool = False,
+                 prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, max_context_tokens: int | None = None):
+        if prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be at least 1; got {prefill_chunk_tokens}.")
         self.model = model
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.frame_cache = frame_cache
@@ -98,6 +114,11 @@ class BatchDecoder(PrefillTogether):
         self.packs_images = packs_images(model)
         self.keep_logits = keep_logits
         self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
+        #: text tokens per prefill forward; a model that computes positions itself is prefilled in one forward
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        #: a row stops once its prompt and answer fill this many positions (None: no such bound)
+        self.max_context_tokens = max_context_tokens
+        self.image_placeholders = image_placeholder_ids(model.config)
         self.prebuilds_step_mask = can_prebuild_step_mask(model)
         #: decode steps and text-only forwards through the text decoder and lm_head (text_path.py), where they give
         #: the model's logits
@@ -149,13 +170,19 @@ class BatchDecoder(PrefillTogether):
             if row.cancelled.is_set():
                 _finish(on_done, index, RowCancelled())
         admitted_s = time.perf_counter()               # each row's time to first token counts from here
+        vision_before_s = vision_seconds(self.model)
         prefilled = self._prefill_cold_together(live_rows)
+        num_together = sum(isinstance(found, tuple) for found in prefilled.values())
+        shared_vision_s = (vision_seconds(self.model) - vision_before_s) / max(1, num_together)
         for index, row in live_rows:
+            vision_before_s = vision_seconds(self.model)
             try:
                 state = self._start_row(batch, index, row, prefilled.get(index), admitted_s)
             except Exception as exc:  # noqa: BLE001 - a request the model cannot prefill fails alone
                 _finish(on_done, index, exc)
                 continue
+            state.vision_s = shared_vision_s if isinstance(prefilled.get(index), tuple) \
+                else vision_seconds(self.model) - vision_before_s
             if self._is_finished(state):
                 self._release(batch, state)
                 _finish(on_done, index, self._result(state, batch))
@@ -241,7 +268,7 @@ class BatchDecoder(PrefillTogether):
         if isinstance(prefilled, tuple):
             cache, logits, kv_cache = prefilled
         else:
-            cache, logits, kv_cache = self._prefill(row.inputs, prefilled)
+            cache, logits, kv_cache = self._prefill(row.inputs, prefilled, row.cancelled)
         state = _Live(index, row, TokenSampler(row.sampling, logits.device), cache, row.inputs.num_tokens, kv_cache,
                       joined_s=joined_s, logits=[] if self.keep_logits else None)
         state.slot = self._grammar_slot(batch, row)
@@ -295,33 +322,39 @@ class BatchDecoder(PrefillTogether):
             state.logits.append(logits.clone())
 
     def _is_finished(self, state: _Live) -> bool:
-        return state.tokens[-1] in self.eos_token_ids or len(state.tokens) >= state.row.sampling.max_tokens
+        """EOS, the row's token limit, or the end of the model's context."""
+        num_tokens = len(state.tokens)
+        return (state.tokens[-1] in self.eos_token_ids or num_tokens >= state.row.sampling.max_tokens
+                or (self.max_context_tokens is not None
+                    and state.num_prompt_tokens + num_tokens >= self.max_context_tokens))
 
     def _result(self, state: _Live, batch: _Batch) -> RowResult:
         is_eos = state.tokens[-1] in self.eos_token_ids
         return RowResult(state.tokens, is_eos, state.num_prompt_tokens, state.kv_cache, state.max_live,
                          ttft_s=state.first_token_s - state.joined_s,
                          decode_s=time.perf_counter() - state.first_token_s,
-                         grammar_s=state.grammar_s,
+                         grammar_s=state.grammar_s, vision_s=state.vision_s,
                          is_constrained=state.row.grammar is not None and batch.grammar is not None,
                          mean_live_rows=state.live_sum / state.num_steps if state.num_steps else 1.0,
                          logits=state.logits)
 
     # ------------------------------------------------------------ prefill with frame reuse
 
-    def _prefill(self, inputs: PromptInputs, found: Any = None) -> tuple[DynamicCache, torch.Tensor, str]:
+    def _prefill(self, inputs: PromptInputs, found: Any = None, cancelled: threading.Event | None = None,
+                 ) -> tuple[DynamicCache, torch.Tensor, str]:
         """This row's cache after its whole prompt, the logits for its first token, and what reuse happened.
-        `found`: the row's FrameCache Lookup when it was made already (None: look it up here)."""
+        `found`: the row's FrameCache Lookup when it was made already (None: look it up here). RowCancelled once
+        `cancelled` is set between two pieces of the prefill."""
         found = found if found is not None else self._lookup(inputs)
         if found is None:
-            cache, logits = self._cold(inputs)
+            cache, logits = self._cold(inputs, cancelled)
             return cache, logits, "off" if inputs.num_images else "none"
         if found.value is None:
-            cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs)
+            cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs, cancelled)
             self._keep_prefix(inputs, prefix_cache)
             return cache, logits, found.level
         cache, logits = self._forward(cache_ops.fork(found.value), ids=inputs.suffix_ids,
-                                      num_past=int(inputs.prefix_ids.shape[1]))
+                                      num_past=int(inputs.prefix_ids.shape[1]), cancelled=cancelled)
         return cache, logits, found.level
 
     def _lookup(self, inputs: PromptInputs):
@@ -337,25 +370,32 @@ class BatchDecoder(PrefillTogether):
         self.frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
                              tensor_nbytes(prefix_cache))
 
-    def _cold(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor]:
+    def _cold(self, inputs: PromptInputs, cancelled: threading.Event | None = None,
+              ) -> tuple[DynamicCache, torch.Tensor]:
         if inputs.prefix_embeds is None:
-            return self._forward(self._new_cache(), ids=inputs.all_ids(), vision=inputs.vision, num_past=0)
-        cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0)
-        return self._forward(cache, ids=inputs.suffix_ids, num_past=int(inputs.prefix_ids.shape[1]))
+            return self._forward(self._new_cache(), ids=inputs.all_ids(), vision=inputs.vision, num_past=0,
+                                 cancelled=cancelled)
+        cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0, cancelled=cancelled)
+        return self._forward(cache, ids=inputs.suffix_ids, num_past=int(inputs.prefix_ids.shape[1]),
+                             cancelled=cancelled)
 
-    def _prefill_and_keep_prefix(self, inputs: PromptInputs) -> tuple[DynamicCache, torch.Tensor, DynamicCache]:
+    def _prefill_and_keep_prefix(self, inputs: PromptInputs, cancelled: threading.Event | None = None,
+                                 ) -> tuple[DynamicCache, torch.Tensor, DynamicCache]:
         """A cold prefill that also yields the frame prefix's cache to keep. Plain attention caches are prefilled
         whole and the prefix copied out (one forward: the cold path itself); other caches (recurrent state
         cannot be cut) prefill the prefix, keep it, then the suffix on a fork of it."""
         num_prefix = int(inputs.prefix_ids.shape[1])
         if cache_ops.is_plain_attention(self._new_cache()) and inputs.prefix_embeds is None:
-            cache, logits = self._cold(inputs)
+            cache, logits = self._cold(inputs, cancelled)
             return cache, logits, cache_ops.prefix_of(cache, num_prefix)
         if inputs.prefix_embeds is not None:
-            prefix_cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0)
+            prefix_cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0,
+                                            cancelled=cancelled)
         else:
-            prefix_cache, _ = self._forward(self._new_cache(), ids=inputs.prefix_ids, vision=inputs.vision, num_past=0)
-        cache, logits = self._forward(cache_ops.fork(prefix_cache), ids=inputs.suffix_ids, num_past=num_prefix)
+            prefix_cache, _ = self._forward(self._new_cache(), ids=inputs.prefix_ids, vision=inputs.vision, num_past=0,
+                                            cancelled=cancelled)
+        cache, logits = self._forward(cache_ops.fork(prefix_cache), ids=inputs.suffix_ids, num_past=num_prefix,
+                                      cancelled=cancelled)
         return cache, logits, prefix_cache
 
     def _new_cache(self) -> DynamicCache:
@@ -363,7 +403,57 @@ class BatchDecoder(PrefillTogether):
 
     def _forward(self, cache: DynamicCache, *, num_past: int, ids: torch.Tensor | None = None,
                  embeds: torch.Tensor | None = None, vision: dict[str, torch.Tensor] | None = None,
-                 ) -> tuple[DynamicCache, torch.Tensor]:
+                 cancelled: threading.Event | None = None) -> tuple[DynamicCache, torch.Tensor]:
+        """One row's prefill over `ids` (or `embeds`) after `num_past` cached tokens, in the pieces `prefill_pieces`
+        plans (the image inputs go with the piece that holds the image tokens); RowCancelled when `cancelled` is set
+        before a piece. Returns the cache and the last position's logits."""
+        tokens = ids if ids is not None else embeds
+        length = int(tokens.shape[1])
+        span = self._image_span(tokens) if vision else None
+        logits = None
+        for start, end in self._pieces(length, vision, span):
+            if cancelled is not None and cancelled.is_set():
+                raise RowCancelled()
+            piece = slice(start, end) if (start, end) != (0, length) else slice(None)   # whole: the tensors as given
+            holds_images = bool(vision) and (span is None or start <= span[0] < end)
+            cache, logits = self._forward_once(cache, num_past=num_past + start,
+                                               ids=None if ids is None else ids[:, piece],
+                                               embeds=None if embeds is None else embeds[:, piece],
+                                               vision=vision if holds_images else None)
+        return cache, logits
+
+    def prefill_pieces(self, tokens: torch.Tensor, vision: dict[str, torch.Tensor] | None = None,
+                       ) -> list[tuple[int, int]]:
+        """[start, end) of each forward a row's `tokens` (ids or embeddings, (1, n, ...)) are prefilled in."""
+        return self._pieces(int(tokens.shape[1]), vision, self._image_span(tokens) if vision else None)
+
+    def num_prefill_pieces(self, inputs: PromptInputs) -> int:
+        """How many forwards the row's cold prefill takes alone (1: it may be prefilled with other rows)."""
+        if inputs.prefix_embeds is not None:
+            return len(self.prefill_pieces(inputs.prefix_embeds)) + len(self.prefill_pieces(inputs.suffix_ids))
+        return len(self.prefill_pieces(inputs.all_ids(), inputs.vision))
+
+    def _pieces(self, length: int, vision: dict | None, span: tuple[int, int] | None) -> list[tuple[int, int]]:
+        """One piece for a model that computes positions itself, or whose image inputs come without placeholder
+        tokens to keep together; else `prefill_pieces`."""
+        if not self.plain_positions or (vision and span is None):
+            return [(0, length)]
+        return prefill_pieces(length, self.prefill_chunk_tokens, span)
+
+    def _image_span(self, ids: torch.Tensor) -> tuple[int, int] | None:
+        """[first, last + 1) of the image placeholder tokens in `ids` (1, n); None when there are none (or `ids`
+        are embeddings)."""
+        if ids.dtype.is_floating_point or not self.image_placeholders:
+            return None
+        is_image = torch.isin(ids[0], torch.tensor(sorted(self.image_placeholders), device=ids.device))
+        where = is_image.nonzero()
+        if not len(where):
+            return None
+        return int(where[0]), int(where[-1]) + 1
+
+    def _forward_once(self, cache: DynamicCache, *, num_past: int, ids: torch.Tensor | None = None,
+                      embeds: torch.Tensor | None = None, vision: dict[str, torch.Tensor] | None = None,
+                      ) -> tuple[DynamicCache, torch.Tensor]:
         """One row's forward over `ids` (or `embeds`) after `num_past` cached tokens."""
         length = ids.shape[1] if ids is not None else embeds.shape[1]
         device = ids.device if ids is not None else embeds.device
@@ -396,6 +486,29 @@ def _finish(on_done: OnRowDone, index: int, outcome: "RowResult | Exception") ->
             on_done(index, exc)
         except Exception:  # noqa: BLE001
             log.warning("the completion callback of row %d failed again", index, exc_info=True)
+
+
+def prefill_pieces(length: int, chunk_tokens: int, image_span: tuple[int, int] | None = None,
+                   ) -> list[tuple[int, int]]:
+    """[start, end) of the forwards that prefill `length` tokens: each takes at most `chunk_tokens` tokens of text,
+    and the `image_span` [first, last + 1) of image tokens is never cut (its tokens come on top of the piece it falls
+    in: the image inputs belong to one forward)."""
+    first, last = image_span if image_span is not None else (length, length)
+    pieces, start = [], 0
+    while start < length:
+        end = start + chunk_tokens
+        if start <= first < end:                   # the images' tokens ride along, whole
+            end = last + (end - first)
+        end = min(end, length)
+        pieces.append((start, end))
+        start = end
+    return pieces
+
+
+def image_placeholder_ids(config: Any) -> frozenset[int]:
+    """The token ids a model replaces with image (or video) features."""
+    ids = (getattr(config, name, None) for name in ("image_token_id", "image_token_index", "video_token_id"))
+    return frozenset(int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool))
 
 
 def can_merge_caches(model: Any) -> bool:

@@ -23,6 +23,7 @@ from inference_worker.engines.hf.sampling import eos_token_ids, finish_reason, t
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import text_stream
 from inference_worker.engines.hf.torch_utils import apply_num_threads, release_cuda_cache
+from inference_worker.engines.prompt_bounds import PromptBounds, context_tokens_of
 from inference_worker.errors import one_line
 from inference_worker.protocol import ChatRequest, Completion
 
@@ -46,7 +47,7 @@ class TransformersEngine(Engine):
 
     def __init__(self, model: Any, processor: Any, *, model_name: str, use_grammar: bool = True,
                  num_threads: int | None = None, kv_cache_bytes: int = 0, kv_similar_threshold: float | None = None,
-                 keep_logits: bool = False):
+                 keep_logits: bool = False, max_prompt_tokens: int = 0):
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 (or None for torch's default); got {num_threads}.")
         self.model = model
@@ -66,9 +67,12 @@ class TransformersEngine(Engine):
                                          with_frame_keys=self.frame_cache is not None, escape_text=self.escape_text)
         self._processes: PrepareProcesses | None = None
         self.max_image_pixels = 0         # the service's limit, which the processes apply (set when they start)
+        #: the longest prompt `prepare` lets through: the model's context, or less (--max-prompt-tokens)
+        self.bounds = PromptBounds(context_tokens_of(model.config), max_prompt_tokens)
         self.decoder = BatchDecoder(model, eos_token_ids=self.eos_token_ids, frame_cache=self.frame_cache,
                                     grammars=self._schema_grammars, can_merge=can_merge_caches(model),
-                                    can_prefill_together=can_prefill_together(model), keep_logits=keep_logits)
+                                    can_prefill_together=can_prefill_together(model), keep_logits=keep_logits,
+                                    max_context_tokens=self.bounds.context_tokens)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **options: Any) -> "TransformersEngine":
@@ -87,8 +91,11 @@ class TransformersEngine(Engine):
 
     def prepare(self, request: ChatRequest, images: list["Image"] | None) -> Prepared:
         """Images, template, processor and frame keys (in a preprocessing process when there are some), then the
-        grammar and the similar-frame search; runs on a preprocessing thread."""
+        grammar and the similar-frame search; runs on a preprocessing thread. A prompt longer than `bounds` allow
+        is refused (PromptTooLongError: its text before the template and tokenizer run, then its tokens)."""
+        self.bounds.check_text(request)
         inputs = self._encode(request, images)
+        self.bounds.check_tokens(inputs.num_tokens, request)
         if request.json_schema is not None and self.use_grammar:
             inputs.grammar = self._schema_grammars().matcher(request.json_schema)   # GrammarError: this row's 400
         if inputs.frame is not None:
@@ -203,6 +210,8 @@ class TransformersEngine(Engine):
                                             "decode_ms": round(result.decode_s * 1000, 3)}}
         if result.is_constrained:
             extra["grammar_ms"] = round(result.grammar_s * 1000, 3)
+        if result.vision_s:                   # the image encoding's part of ttft_ms (the rest is the text's prefill)
+            extra["vision_ms"] = round(result.vision_s * 1000, 3)
         return Completion(text=text, finish_reason=finish_reason(is_eos), prompt_tokens=result.prompt_tokens,
                           completion_tokens=len(token_ids), extra=extra)
 
@@ -252,7 +261,8 @@ def make_engine(loaded: LoadedModel, options) -> "TransformersEngine":
     """FAMILIES' engine factory for the families transformers supports natively."""
     engine = TransformersEngine.from_loaded(loaded, use_grammar=options.use_grammar, num_threads=options.num_threads,
                                             kv_cache_bytes=options.kv_cache_bytes,
-                                            kv_similar_threshold=options.kv_similar_threshold)
+                                            kv_similar_threshold=options.kv_similar_threshold,
+                                            max_prompt_tokens=options.max_prompt_tokens)
     if options.prepare_processes:
         engine.start_prepare_processes(options.prepare_processes, options.max_image_pixels)
     return engine
@@ -261,7 +271,7 @@ def make_engine(loaded: LoadedModel, options) -> "TransformersEngine":
 def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "auto", use_grammar: bool = True,
                              num_threads: int | None = None, progress: bool = True, kv_cache_bytes: int = 0,
                              kv_similar_threshold: float | None = None, prepare_processes: int = 0,
-                             max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Engine:
+                             max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, max_prompt_tokens: int = 0) -> Engine:
     """Load `model` (folder or Hub id) and wrap it in the engine its family gets (engines/__init__.py FAMILIES).
 
     Raises ModelLoadError with a user-facing message for anything the user can fix.
@@ -271,4 +281,5 @@ def load_transformers_engine(model: str, *, device: str = "auto", dtype: str = "
                                                num_threads=num_threads, kv_cache_bytes=kv_cache_bytes,
                                                kv_similar_threshold=kv_similar_threshold,
                                                prepare_processes=prepare_processes,
-                                               max_image_pixels=max_image_pixels), progress=progress)
+                                               max_image_pixels=max_image_pixels,
+                                               max_prompt_tokens=max_prompt_tokens), progress=progress)

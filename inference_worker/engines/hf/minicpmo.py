@@ -54,7 +54,9 @@ from inference_worker.engines.hf.frame_cache import FrameCache, content_key, ten
 from inference_worker.engines.hf.sampling import finish_reason, trim_at_eos
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import text_stream
-from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message, ProtocolError
+from inference_worker.engines.prompt_bounds import PromptBounds, context_tokens_of
+from inference_worker.errors import PromptTooLongError
+from inference_worker.protocol import ChatRequest, Completion, ImagePart, Message
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -208,7 +210,7 @@ class MiniCPMOEngine(Engine):
 
     def __init__(self, model: Any, processor: Any, *, model_name: str, use_grammar: bool = True,
                  num_threads: int | None = None, vision_cache_bytes: int = DEFAULT_VISION_CACHE_BYTES,
-                 keep_logits: bool = False):
+                 keep_logits: bool = False, max_prompt_tokens: int = 0):
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 (or None for torch's default); got {num_threads}.")
         self.model = model
@@ -224,8 +226,11 @@ class MiniCPMOEngine(Engine):
         self.escape_text = escaper_for(self.tokenizer, processor)
         #: vision_hidden_states per set of preprocessed images (exact level only; 0 bytes = off)
         self.frame_cache = FrameCache(vision_cache_bytes, similar_threshold=None)
+        #: the language model's context, or less (--max-prompt-tokens); MAX_INPUT_TOKENS is checked besides
+        self.bounds = PromptBounds(context_tokens_of(model.llm.config), max_prompt_tokens)
         self.decoder = BatchDecoder(model.llm, eos_token_ids=self.eos_token_ids, grammars=self._schema_grammars,
-                                    can_merge=can_merge_caches(model.llm), keep_logits=keep_logits)
+                                    can_merge=can_merge_caches(model.llm), keep_logits=keep_logits,
+                                    max_context_tokens=self.bounds.context_tokens)
 
     @classmethod
     def from_loaded(cls, loaded: "LoadedModel", **options: Any) -> "MiniCPMOEngine":
@@ -238,7 +243,9 @@ class MiniCPMOEngine(Engine):
     # ------------------------------------------------------------ the contract
 
     def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
-        """Template, processor and the frame's vision key, on a preprocessing thread (as chat() prepares)."""
+        """Template, processor and the frame's vision key, on a preprocessing thread (as chat() prepares). A prompt
+        over MAX_INPUT_TOKENS or the model's `bounds` is refused (PromptTooLongError)."""
+        self.bounds.check_text(request)
         msgs = chat_messages(request.messages, self.escape_text)
         prompt = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
                                                     enable_thinking=False)
@@ -246,10 +253,13 @@ class MiniCPMOEngine(Engine):
         batch = self.processor([prompt], [rgb], None, None, max_slice_nums=None, use_image_id=None,
                                return_tensors="pt", max_length=None)
         input_ids = batch["input_ids"].long()
-        if input_ids.shape[1] > MAX_INPUT_TOKENS:
-            raise ProtocolError(f"The prompt is {input_ids.shape[1]} tokens long, more than MiniCPM-o's "
-                                f"{MAX_INPUT_TOKENS}: send fewer or smaller images, a shorter question or fewer "
-                                "earlier turns.")
+        num_tokens = int(input_ids.shape[1])
+        if num_tokens > MAX_INPUT_TOKENS:
+            raise PromptTooLongError(f"The prompt is {num_tokens} tokens long, {num_tokens - MAX_INPUT_TOKENS} more "
+                                     f"than MiniCPM-o's {MAX_INPUT_TOKENS}: send fewer or smaller images, a shorter "
+                                     "question or fewer earlier turns.", num_tokens=num_tokens,
+                                     max_tokens=MAX_INPUT_TOKENS)
+        self.bounds.check_tokens(num_tokens, request)
         inputs = MiniCPMOInputs(input_ids, batch["pixel_values"][0], batch["tgt_sizes"][0], batch["image_bound"][0],
                                 num_images=len(rgb), vision_key=None)
         if rgb and self.frame_cache.is_enabled:
@@ -398,7 +408,8 @@ def _answer(on_done: OnDone, index: int, answer: "Completion | Exception") -> No
 def make_engine(loaded: "LoadedModel", options) -> MiniCPMOEngine:
     """FAMILIES' engine factory; the frame budget holds vision features (this engine's exact level)."""
     return MiniCPMOEngine.from_loaded(loaded, use_grammar=options.use_grammar, num_threads=options.num_threads,
-                                      vision_cache_bytes=options.kv_cache_bytes)
+                                      vision_cache_bytes=options.kv_cache_bytes,
+                                      max_prompt_tokens=options.max_prompt_tokens)
 
 
 def chat_messages(messages: tuple[Message, ...],

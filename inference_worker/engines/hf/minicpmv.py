@@ -6,13 +6,21 @@ an image processor (the PIL one works without torchvision) plus the tokenizer: s
 (`<image_id>N</image_id><image>…</image>` and `<slice>` blocks), same tensors. The model itself is the native
 `AutoModelForImageTextToText`; its Qwen3.5 text model mixes linear-attention and full-attention layers, which
 the batch decoder merges along the batch (cache_ops.py).
+
+On a CPU the processor cuts a frame into at most as many slices as its pixels fill (`upscale_slices` False:
+pixels / 448², rounded up): its own grid search also tries one slice more, to match the frame's aspect, and then
+upscales every slice (an 800x600 frame: 4 slices of 400x300, each upscaled to ~518x388, where 2 slices of 400x600
+keep ~0.9 of its pixels). On a CPU each slice costs its run of the vision tower and its tokens of prefill, for no
+pixel the model would not see otherwise; a GPU keeps the model's own slicing.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable
 
+from transformers.image_utils import make_flat_list_of_images
 from transformers.models.minicpmv4_6.processing_minicpmv4_6 import MiniCPMV4_6Processor
 from transformers.processing_utils import ProcessorMixin
 
@@ -38,11 +46,22 @@ class MiniCPMVImageProcessor(MiniCPMV4_6Processor):
             setattr(self, name, getattr(tokenizer, name))
         self.image_token_id = tokenizer.image_token_id
         self.video_token_id = tokenizer.video_token_id
+        #: False (the worker on a CPU): at most as many slices as the frame's pixels fill (max_slices_for)
+        self.upscale_slices = True
 
     def __call__(self, images=None, text=None, videos=None, **kwargs):
         if videos is not None:
             raise ValueError("DeskEye's MiniCPM-V processor takes images only, not video.")
+        if images and not self.upscale_slices and "max_slice_nums" not in kwargs:
+            kwargs["max_slice_nums"] = max(self.max_slices_for(image) for image in make_flat_list_of_images(images))
         return super().__call__(images=images, text=text, **kwargs)
+
+    def max_slices_for(self, image) -> int:
+        """The most slices `image` (a PIL image) fills: its pixels over one slice's (scale_resolution²), rounded
+        up, within the processor's own max_slice_nums. (A request's images share one cap: the largest's.)"""
+        processor = self.image_processor
+        ratio = image.width * image.height / processor.scale_resolution ** 2
+        return max(1, min(processor.max_slice_nums, math.ceil(ratio)))
 
 
 def load_minicpmv_parts(path: Path, *, dtype, attn_implementation: str, device, step: Callable[[], None]):
@@ -50,6 +69,7 @@ def load_minicpmv_parts(path: Path, *, dtype, attn_implementation: str, device, 
     from inference_worker.engines.hf.loading import load_model_weights
 
     processor = MiniCPMVImageProcessor.from_pretrained(path)
+    processor.upscale_slices = device.type == "cuda"      # a CPU: no upscaled slices (module docstring)
     step()
     return load_model_weights(path, processor, dtype=dtype, attn_implementation=attn_implementation, device=device,
                               step=step)

@@ -7,9 +7,12 @@ and for linear-attention layers, which zero padded inputs before they reach thei
 not exact *between* a cached prefix and its suffix (a padded step still decays the state), so a hybrid model whose
 frame prefix must be kept prefills the prefixes together, then suffixes of equal length together.
 
+Only rows whose prompt is one prefill piece (`BatchDecoder.num_prefill_pieces`) join: a longer one is prefilled
+alone, piece by piece, so that its cancellation is seen between pieces.
+
 `PrefillTogether` is mixed into `BatchDecoder` (batch_decode.py) and uses its `_forward`, `_new_cache`, `_lookup`,
-`_keep_prefix`, `model`, `can_prefill_together` and `packs_images`. A group whose forward fails leaves its rows to
-the decoder, which prefills each alone (and each fails alone).
+`_keep_prefix`, `num_prefill_pieces`, `model`, `can_prefill_together` and `packs_images`. A group whose forward fails
+leaves its rows to the decoder, which prefills each alone (and each fails alone).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class PrefillTogether:
             inputs = row.inputs
             prefilled[index] = found = self._lookup(inputs)
             layout = packed_image_layout(inputs.vision) if self.packs_images else _vision_layout(inputs)
-            if (found is not None and found.value is not None) or layout is None or inputs.prefix_embeds is not None:
+            if (found is not None and found.value is not None) or layout is None or inputs.prefix_embeds is not None \
+                    or self.num_prefill_pieces(inputs) > 1:     # a long prompt: prefilled alone, piece by piece
                 continue
             groups.setdefault(layout, []).append((index, row, found))
         for group in (g for g in groups.values() if len(g) >= 2):

@@ -70,6 +70,7 @@ class RowResult:
     ttft_s: float                    # joining the decode to this row's first token
     decode_s: float                  # first token to last
     grammar_s: float = 0.0           # this row's share of the grammar's time
+    vision_s: float = 0.0            # the model's image encoding in this row's prefill (0: a frame hit, no image)
     is_constrained: bool = False
     mean_live_rows: float = 1.0      # rows decoded together, on average over this row's steps
     logits: list[torch.Tensor] | None = None   # per step, kept only with `keep_logits` (tests)

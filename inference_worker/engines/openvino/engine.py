@@ -23,6 +23,7 @@ from inference_worker.engines.openvino.ir_folder import (LANGUAGE_MODEL, TEXT_EM
                                                          IRFolderError, check_ir_folder)
 from inference_worker.engines.openvino.runtime import CompileReport, RuntimeOptions, compile_part, read_properties
 from inference_worker.engines.openvino.vision_cache import VisionCache, frame_hash
+from inference_worker.engines.prompt_bounds import PromptBounds, context_tokens_of
 from inference_worker.protocol import ChatRequest, Completion
 
 if TYPE_CHECKING:
@@ -38,9 +39,12 @@ class OpenVINOEngine(Engine):
     can_batch = False
 
     def __init__(self, folder: str | Path, options: RuntimeOptions = RuntimeOptions(), *, use_grammar: bool = True,
-                 vision_cache_bytes: int = DEFAULT_VISION_CACHE_BYTES, keep_logits: bool = False):
+                 vision_cache_bytes: int = DEFAULT_VISION_CACHE_BYTES, keep_logits: bool = False,
+                 max_prompt_tokens: int = 0):
         self.folder = Path(folder).expanduser()
         config = check_ir_folder(self.folder)
+        #: the longest prompt `prepare` lets through: the model's context (config.json), or --max-prompt-tokens
+        self.bounds = PromptBounds(context_tokens_of(config), max_prompt_tokens)
         self.options = options
         self.model_name = self.folder.name
         self.use_grammar = use_grammar
@@ -65,10 +69,14 @@ class OpenVINOEngine(Engine):
     # ------------------------------------------------------------ the contract
 
     def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
+        """Template, processor, frame hash and grammar (a preprocessing thread); a prompt longer than `bounds`
+        allow is refused (PromptTooLongError), its text before the template and tokenizer run."""
+        self.bounds.check_text(request)
         prompt = self.processor.apply_chat_template(template_messages(request.messages, self.escape_text),
                                                     add_generation_prompt=True, tokenize=False)
         rgb = [img if img.mode == "RGB" else img.convert("RGB") for img in images]
         batch = self.processor(text=[prompt], images=[rgb] if rgb else None, return_tensors="np")
+        self.bounds.check_tokens(int(batch["input_ids"].shape[1]), request)
         pixel_values = batch["pixel_values"].astype("float32") if rgb else None
         inputs = IRPrompt(batch["input_ids"].astype("int64"), pixel_values,
                           frame_hash(pixel_values) if pixel_values is not None else None)
@@ -159,9 +167,10 @@ def _compile_parts(folder: Path, options: RuntimeOptions, report: CompileReport)
 
 def load_openvino_engine(folder: str, *, use_grammar: bool = True, num_threads: int = 0,
                          cache_dir: str | Path | None = None, vision_cache_bytes: int = DEFAULT_VISION_CACHE_BYTES,
-                         ) -> OpenVINOEngine:
+                         max_prompt_tokens: int = 0) -> OpenVINOEngine:
     options = RuntimeOptions(cache_dir=Path(cache_dir) if cache_dir else None, num_threads=num_threads)
-    engine = OpenVINOEngine(folder, options, use_grammar=use_grammar, vision_cache_bytes=vision_cache_bytes)
+    engine = OpenVINOEngine(folder, options, use_grammar=use_grammar, vision_cache_bytes=vision_cache_bytes,
+                            max_prompt_tokens=max_prompt_tokens)
     log.info("OpenVINO engine: %s compiled in %.2f s (%s)", folder, engine.report.compile_s,
              engine.properties.get(LANGUAGE_MODEL, {}))
     return engine
