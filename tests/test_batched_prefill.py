@@ -32,9 +32,9 @@ from tests.test_continuous_batching import assert_same_logits
 KV_BYTES = 64 * 1024 * 1024
 #: (question, colour, image size): prompts of five lengths, images of three shapes (8x8, 6x12, 12x6 patches: two
 #: prefix lengths), rows 2 and 3 with one suffix length after prefixes of different lengths
-ROWS = [("What is on this screen right now?", (220, 30, 30), (112, 112)),
+ROWS = [("What is on this screen right now, exactly?", (220, 30, 30), (112, 112)),
         ("Which window has focus right now, and what does its title say?", (30, 160, 60), (224, 112)),
-        ("List the buttons.", (30, 30, 220), (224, 112)),
+        ("List the buttons you see.", (30, 30, 220), (224, 112)),
         ("What is on this screen?", (200, 200, 30), (112, 112)),
         ("Describe it.", (30, 200, 200), (112, 224))]
 
