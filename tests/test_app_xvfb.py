@@ -20,6 +20,8 @@ import urllib.request
 import psutil
 import pytest
 
+from tests.fixtures.desktop import use_private_xdg_home
+
 from deskeye.app import App, build_app
 from deskeye.overlay import ASK_TITLE, WINDOW_TITLE
 from deskeye.settings import settings_from_dict
@@ -97,9 +99,7 @@ def desktop(xdisplay, tmp_path_factory):
     from tests.fixtures.tk_windows import open_test_window
 
     home = tmp_path_factory.mktemp("home")
-    saved = {k: os.environ.get(k) for k in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")}
-    for key in saved:
-        os.environ[key] = str(home / key.lower())
+    restore_xdg = use_private_xdg_home(home)
     window = open_test_window(xdisplay, "Report - editor", REGION_GEOMETRY, lines=LINES)
     settings = settings_from_dict({
         "capture": {"interval_s": INTERVAL_S, "extra_excluded_titles": ["Secret Vault"]},
@@ -115,11 +115,7 @@ def desktop(xdisplay, tmp_path_factory):
         app.quit()
         app.wait(30)
         window.close()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_xdg()
 
 
 def test_an_unchanged_screen_sends_no_request_and_a_changed_line_sends_one(desktop):

@@ -27,6 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.fixtures.desktop import use_private_xdg_home
+
 from deskeye.app import App, build_app
 from deskeye.errors import SettingsError
 from deskeye.settings import settings_from_dict
@@ -54,19 +56,13 @@ def screen(xdisplay, tmp_path_factory):
     from tests.fixtures.tk_windows import open_test_window
 
     home = tmp_path_factory.mktemp("home")
-    saved = {k: os.environ.get(k) for k in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")}
-    for key in saved:
-        os.environ[key] = str(home / key.lower())
+    restore_xdg = use_private_xdg_home(home)
     window = open_test_window(xdisplay, "Report - editor", REGION_GEOMETRY, lines=LINES)
     try:
         yield window
     finally:
         window.close()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_xdg()
 
 
 @pytest.fixture(scope="module")
