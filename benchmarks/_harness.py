@@ -1,5 +1,5 @@
-"""Parts of benchmarks/throughput.py: synthetic screenshots, the two servers under test, a closed-loop load
-generator over keep-alive HTTP connections, and latency statistics.
+"""What the benchmarks share: synthetic screenshots, the servers under test (and what their processes use), and
+latency statistics. The load they put on a server is benchmarks/_load.py.
 
 Servers run as subprocesses; the context managers and ServerPool here stop them on every exit path (Ctrl-C too).
 """
@@ -10,24 +10,20 @@ import contextlib
 import functools
 import http.client
 import io
-import json
 import os
-import queue
 import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
 SCREEN_SIZE = (800, 600)
-REQUEST_TIMEOUT_S = 300.0
 SERVE_START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
 POLL_INTERVAL_S = 0.1
@@ -99,21 +95,6 @@ def to_png(image) -> bytes:
 def screen_png(seed: str) -> bytes:
     return to_png(render_screen(seed))
 
-
-
-def process_tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process `pid` and its living descendants."""
-    import psutil
-
-    root = psutil.Process(pid)
-    total = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
 
 # ---------------------------------------------------------------- servers
 
@@ -307,143 +288,32 @@ def log_tail(text: str, max_lines: int = 3) -> str:
     return (errors[-1] if errors else " | ".join(lines[-max_lines:]))[-1000:]
 
 
-# ---------------------------------------------------------------- load
-
-@dataclass
-class Reply:
-    index: int                       # position of the request in the list sent
-    status: int                      # HTTP status; 0 = no answer (connection error)
-    wall_ms: float                   # client side: request written -> answer read
-    body: dict = field(default_factory=dict)
-    error: str = ""
-
-    @property
-    def is_ok(self) -> bool:
-        return self.status == 200 and "choices" in self.body
-
-    @property
-    def completion_tokens(self) -> int:
-        return int(self.body.get("usage", {}).get("completion_tokens", 0))
-
-    @property
-    def content(self) -> str:
-        return (self.body["choices"][0]["message"].get("content") or "") if self.is_ok else ""
-
-    @property
-    def deskeye(self) -> dict:
-        return self.body.get("deskeye", {}) if self.is_ok else {}
-
-    def timing_ms(self, name: str) -> float | None:
-        value = self.deskeye.get("timing", {}).get(name)
-        return float(value) if isinstance(value, (int, float)) else None
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its living descendants."""
+    def cpu_s(process) -> float:
+        times = process.cpu_times()
+        return times.user + times.system
+    return _sum_over_tree(pid, cpu_s)
 
 
-class Client:
-    """One keep-alive HTTP connection to an endpoint (reconnects once if the server closed it)."""
+def process_tree_rss_mb(pid: int) -> float:
+    """Resident memory of process `pid` and its living descendants, in MB (2**20 bytes)."""
+    return _sum_over_tree(pid, lambda process: process.memory_info().rss) / 2**20
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float = REQUEST_TIMEOUT_S):
-        self.endpoint = endpoint
-        self.timeout_s = timeout_s
-        self._conn: http.client.HTTPConnection | None = None
 
-    def post(self, body: bytes, index: int = 0) -> Reply:
-        started = time.perf_counter()
+def _sum_over_tree(pid: int, read: Callable[[Any], float]) -> float:
+    """`read(process)` summed over process `pid` and its living descendants (one gone meanwhile counts 0: a
+    server's helper processes come and go)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
         try:
-            status, text = self._post_retrying_once(body)
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
-            return Reply(index, 0, _ms_since(started), error=f"{type(exc).__name__}: {exc}")
-        wall_ms = _ms_since(started)
-        try:
-            decoded = json.loads(text)
-        except ValueError:
-            return Reply(index, status, wall_ms, error=text[:500])
-        error = "" if status == 200 else json.dumps(decoded)[:500]
-        return Reply(index, status, wall_ms, decoded if isinstance(decoded, dict) else {}, error)
-
-    def _post_retrying_once(self, body: bytes) -> tuple[int, str]:
-        try:
-            return self._post(body)
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-            self.close()
-            return self._post(body)
-
-    def _post(self, body: bytes) -> tuple[int, str]:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port, timeout=self.timeout_s)
-        self._conn.request("POST", "/v1/chat/completions", body=body, headers=self.endpoint.headers())
-        response = self._conn.getresponse()
-        text = response.read().decode("utf-8", errors="replace")
-        if response.getheader("Connection", "").lower() == "close":
-            self.close()
-        return response.status, text
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-def _ms_since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000
-
-
-def fetch_metrics(endpoint: Endpoint) -> dict[str, float] | None:
-    """The server's GET /metrics as {series: value} (the deskeye worker's), or None where it has none."""
-    from inference_worker.metrics import parse_metrics
-
-    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=REQUEST_TIMEOUT_S)
-    try:
-        conn.request("GET", "/metrics", headers=endpoint.headers())
-        response = conn.getresponse()
-        text = response.read().decode("utf-8", errors="replace")
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-    return parse_metrics(text) if response.status == 200 else None
-
-
-def post_one(endpoint: Endpoint, body: dict) -> Reply:
-    client = Client(endpoint)
-    try:
-        return client.post(json.dumps(body).encode())
-    finally:
-        client.close()
-
-
-def run_closed_loop(endpoint: Endpoint, bodies: list[bytes], num_clients: int) -> tuple[list[Reply], float]:
-    """`num_clients` threads, each sending its next request when its previous answer arrives, until all
-    `bodies` are sent. Returns the replies in request order and the wall time (first send -> last answer)."""
-    pending: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
-    for item in enumerate(bodies):
-        pending.put(item)
-    replies: list[Reply] = []
-    start = threading.Barrier(num_clients + 1)
-
-    def client_loop() -> None:
-        client = Client(endpoint)
-        try:
-            start.wait()
-            while True:
-                try:
-                    index, body = pending.get_nowait()
-                except queue.Empty:
-                    return
-                replies.append(client.post(body, index))      # list.append is atomic
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=client_loop, name=f"bench-client-{i}", daemon=True)
-               for i in range(num_clients)]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    wall_s = time.perf_counter() - started
-    return sorted(replies, key=lambda r: r.index), wall_s
+            total += read(process)
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
 
 # ---------------------------------------------------------------- statistics

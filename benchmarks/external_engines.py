@@ -21,10 +21,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
-
-from benchmarks._harness import (Endpoint, median, percentile, process_tree_cpu_s, rounded, run_closed_loop,
+from benchmarks._harness import (Endpoint, median, percentile, process_tree_cpu_s, process_tree_rss_mb, rounded,
                                  screen_png)
+from benchmarks._load import run_closed_loop
 from benchmarks._results import write_result
 
 DEFAULT_JSON_OUT = Path("benchmarks/results/external_engines.json")
@@ -57,17 +56,6 @@ def request_bodies(model: str, num_requests: int) -> list[bytes]:
     return [json.dumps({"model": model, "messages": build_messages(DESCRIBE_QUESTION, screen_png(f"ext-{i}")),
                         "response_format": deskeye_response_format(), "max_tokens": MAX_TOKENS,
                         "temperature": 0}).encode() for i in range(num_requests)]
-
-
-def tree_rss_mib(pid: int) -> float:
-    root = psutil.Process(pid)
-    total = 0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total / 2**20
 
 
 def is_schema_valid(content: str) -> bool:
@@ -104,7 +92,7 @@ def run_server(name: str, start, bodies_for, levels) -> tuple[ServerFacts, list[
         bodies = bodies_for(endpoint.model)
         run_closed_loop(endpoint, bodies[:1], 1)                       # warm-up, not counted
         rows = [measure(endpoint, pid, bodies, n) for n in levels]
-        return ServerFacts(name, round(start_s, 1), round(tree_rss_mib(pid), 0)), rows
+        return ServerFacts(name, round(start_s, 1), round(process_tree_rss_mb(pid), 0)), rows
     finally:
         stop()
 

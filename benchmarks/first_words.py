@@ -84,7 +84,7 @@ class OverlayClock:
 
 
 def run_case(name: str, worker: dict, runs: int, window, home: Path, *, first_screen: int) -> dict:
-    from deskeye.app import build_app
+    from deskeye.compose import build_app
     from deskeye.settings import settings_from_dict
 
     settings = settings_from_dict({"capture": {"interval_s": 86_400.0}, "overlay": {"fade_after_s": 0.0},

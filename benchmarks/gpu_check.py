@@ -60,8 +60,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from benchmarks._harness import Endpoint, Reply, fetch_metrics, fmt, median, post_one, render_screen, \
-    run_closed_loop, to_png
+from benchmarks._harness import Endpoint, fmt, median, render_screen, to_png
+from benchmarks._load import Reply, fetch_metrics, post_one, run_closed_loop
 from benchmarks._results import write_result
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -362,7 +362,7 @@ def build_minicpmo45(folder: Path, device, dtype, attn: str):
     import torch
     from transformers import AutoConfig, AutoModel, AutoProcessor
 
-    from inference_worker.engines.hf.minicpmo import remote_code_compat
+    from inference_worker.engines.hf.minicpmo_loading import remote_code_compat
 
     with remote_code_compat():
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
@@ -391,7 +391,7 @@ def minicpmo45_real_params(folder: Path, fixture: dict) -> int:
     import torch
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-    from inference_worker.engines.hf.minicpmo import remote_code_compat
+    from inference_worker.engines.hf.minicpmo_loading import remote_code_compat
 
     with remote_code_compat():
         config_class = get_class_from_dynamic_module(fixture["auto_map"]["AutoConfig"], folder)
@@ -468,14 +468,14 @@ class Answer:
         total, decode = timing.get("total_ms"), timing.get("decode_ms")
         return cls(True, reply.completion_tokens, timing.get("ttft_ms"),
                    None if total is None or decode is None else total - decode, decode,
-                   reply.deskeye.get("batch_size"), reply.deskeye.get("vision_ms"),
+                   reply.deskeye.get("batch_size"), timing.get("vision_ms"),
                    int(reply.body.get("usage", {}).get("prompt_tokens", 0)))
 
     @classmethod
     def of_completion(cls, completion) -> "Answer":
-        timing = completion.extra.get("timing", {})
-        return cls(True, completion.completion_tokens, timing.get("ttft_ms"), None, timing.get("decode_ms"),
-                   completion.extra.get("batch_size"), completion.extra.get("vision_ms"), completion.prompt_tokens)
+        facts = completion.facts
+        return cls(True, completion.completion_tokens, facts.timing.ttft_ms, None, facts.timing.decode_ms,
+                   facts.batch_size, facts.timing.vision_ms, completion.prompt_tokens)
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -532,7 +532,6 @@ def measure_in_process(family: Family, built: BuiltModel, model, processor, plan
     from inference_worker.engines import EngineOptions
     from inference_worker.engines.hf.loading import LoadedModel
     from inference_worker.protocol import parse_chat_request
-    from inference_worker.serving.images import decode_request_images
 
     options = EngineOptions(device=plan.device, dtype="bf16", num_threads=plan.worker_threads or None)
     loaded = LoadedModel(model, processor, family.loaded_family, built.folder, str(built.folder), device,
@@ -542,7 +541,7 @@ def measure_in_process(family: Family, built: BuiltModel, model, processor, plan
     try:
         requests = [parse_chat_request(json.loads(body)) for body in
                     request_bodies(str(built.folder), f"{family.key}-in-process", plan.num_concurrent, plan.max_tokens)]
-        prepared = [engine.prepare(r, decode_request_images(r, 10**9)) for r in requests]
+        prepared = [engine.prepare(r) for r in requests]
         run_on_engine(engine, prepared[:1])                               # warm-up: kernels, allocator
         is_cuda = device.type == "cuda"
         if is_cuda:

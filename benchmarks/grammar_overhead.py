@@ -55,22 +55,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def measure_prompt(constrained, unconstrained, question: str, color, *, runs: int, max_tokens: int) -> Row:
+    from inference_worker.engines.base import run_one
     from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 
-    request, images = chat_request(question, png_bytes(color), deskeye_schema=True, max_tokens=max_tokens)
+    request, _ = chat_request(question, png_bytes(color), deskeye_schema=True, max_tokens=max_tokens)
     free_request = dataclasses.replace(request, json_schema=None, schema_name=None)
     times = {"constrained": [], "unconstrained": []}
     grammar_ms, tokens = [], []
     for run in range(runs):
         sampled = with_sampling(request, temperature=1.0, seed=run)
         started = time.perf_counter()
-        answer = constrained.complete(sampled, images)
+        answer = run_one(constrained, sampled)
         times["constrained"].append((time.perf_counter() - started) * 1000 / answer.completion_tokens)
-        grammar_ms.append(answer.extra["grammar_ms"] / answer.completion_tokens)
+        grammar_ms.append(answer.facts.grammar_ms / answer.completion_tokens)
         tokens.append(answer.completion_tokens)
         free = with_sampling(free_request, temperature=1.0, seed=run, max_tokens=answer.completion_tokens)
         started = time.perf_counter()
-        free_answer = unconstrained.complete(free, images)
+        free_answer = run_one(unconstrained, free)
         times["unconstrained"].append((time.perf_counter() - started) * 1000 / free_answer.completion_tokens)
     unconstrained_ms = statistics.median(times["unconstrained"])
     constrained_ms = statistics.median(times["constrained"])
@@ -92,16 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     import llguidance
     import torch
 
-    from inference_worker.engines.hf.engine import load_transformers_engine
+    from inference_worker.engines import EngineOptions, load_hf_engine
 
     with tempfile.TemporaryDirectory(prefix="deskeye-bench-") as tmp:
         model = args.model
         if model is None:
             from tests.fixtures.tiny_models import build_tiny_idefics3
             model = str(build_tiny_idefics3(Path(tmp) / "tiny_idefics3"))
-        options = dict(device=args.device, num_threads=args.threads, progress=False)
-        constrained = load_transformers_engine(model, use_grammar=True, **options)
-        unconstrained = load_transformers_engine(model, use_grammar=False, **options)
+        options = dict(device=args.device, num_threads=args.threads)
+        constrained = load_hf_engine(model, EngineOptions(use_grammar=True, **options), progress=False)
+        unconstrained = load_hf_engine(model, EngineOptions(use_grammar=False, **options), progress=False)
         measure_prompt(constrained, unconstrained, *PROMPTS[0], runs=1, max_tokens=args.max_tokens)   # warm-up
         rows = [measure_prompt(constrained, unconstrained, q, c, runs=args.runs, max_tokens=args.max_tokens)
                 for q, c in PROMPTS]

@@ -21,7 +21,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -193,6 +192,14 @@ def _describe_request(png: bytes) -> dict:
             "response_format": deskeye_response_format(), "temperature": 0}
 
 
+def _engine_request(image, **body):
+    """A describe request carrying `image` as the app sends it (PNG), in the worker's parsed form."""
+    from inference_worker.protocol import parse_chat_request
+    from tests.fixtures.chat_requests import png_of
+
+    return parse_chat_request({**_describe_request(png_of(image)), **body})
+
+
 def load_row() -> dict:
     """In this process: how long building the engine takes (import excluded): model load + the warm-up reads."""
     from inference_worker.engines.ocr.engine import OcrEngine
@@ -252,19 +259,17 @@ def reread_rows(sizes, repeats: int) -> list[dict]:
 
 
 def describe_row(screen: str, repeats: int) -> dict:
+    from inference_worker.engines.base import run_prepared
     from inference_worker.engines.ocr.engine import OcrEngine
-    from inference_worker.protocol import parse_chat_request
-    from deskeye.prompt import build_messages, deskeye_response_format
 
     engine = OcrEngine()
     width, height, max_mail_rows = SCREENS[screen]
     image, _ = render_screen(width, height, max_mail_rows=max_mail_rows)
-    request = parse_chat_request({"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", None),
-                                  "response_format": deskeye_response_format()})
+    item = engine.prepare(_engine_request(image))                # decoded once: the engine's answer is timed
 
     def call():
         engine.reader.clear_cache()                             # a full read each time: the worst case
-        return engine.complete(request, [image])
+        return run_prepared(engine, item)
     call()
     stats, completion = timed(call, repeats)
     return {"case": f"describe {screen} (engine, full read)", "config": "deskeye", **stats,
@@ -313,11 +318,11 @@ def real_window_rows(repeats: int) -> list[dict]:
 
     if missing_programs():
         return [{"case": "real windows", "config": "skipped", "note": "missing: " + ", ".join(missing_programs())}]
-    from deskeye.window_facts import Region, windows_in_region
+    from deskeye.see.window_facts import Region
+    from deskeye.see.x11_windows import windows_in_region
+    from inference_worker.engines.base import run_prepared
     from inference_worker.engines.ocr.engine import OcrEngine
-    from inference_worker.protocol import parse_chat_request
-    from deskeye.prompt import build_messages, deskeye_response_format
-    from deskeye.window_facts import deskeye_extension
+    from deskeye.see.window_facts import deskeye_extension
 
     region = Region(112, 84, 800, 600)
     folder = Path(tempfile.mkdtemp(prefix="deskeye-bench-"))
@@ -325,37 +330,35 @@ def real_window_rows(repeats: int) -> list[dict]:
                                        "Travel,310,275,420\nSoftware,99,99,149\nTotal,10009,10224,10719\n")
     engine, desktop, rows = OcrEngine(), start_real_desktop(1024, 768), []
 
-    def request():
+    def grab_prepared():
+        """The region grabbed, with the window facts of that moment, prepared (decoded) once."""
         facts = windows_in_region(region, desktop.display.name)
-        return parse_chat_request({"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", None),
-                                   "response_format": deskeye_response_format(), "deskeye": deskeye_extension(facts)})
-
-    def grab():
-        return desktop.grab((region.left, region.top, region.width, region.height))
+        image = desktop.grab((region.left, region.top, region.width, region.height))
+        return engine.prepare(_engine_request(image, deskeye=deskeye_extension(facts)))
     try:
         desktop.launch(["gnumeric", "--no-splash", str(folder / "budget.csv")], "gnumeric", at=(112, 84),
                        timeout_s=120, settle_s=3)
         dialog = desktop.launch(["zenity", "--error", "--title=Save failed", "--text=Could not write budget.csv:\n"
                                  "the disk is full."], "zenity", at=(300, 250))
-        with_dialog, with_dialog_request = grab(), request()
+        with_dialog = grab_prepared()
 
         def cold():
             engine.reader.clear_cache()
-            return engine.complete(with_dialog_request, [with_dialog])
+            return run_prepared(engine, with_dialog)
         cold()
         stats, completion = timed(cold, repeats)
         rows.append({"case": "describe real windows 800x600 (dialog over gnumeric)", "config": "deskeye, full read",
-                     **stats, "lines": completion.extra["ocr"]["num_lines"], "answer": json.loads(completion.text)})
+                     **stats, "lines": completion.facts.ocr.num_lines, "answer": json.loads(completion.text)})
         dialog.terminate()
         dialog.wait(timeout=10)
         desktop.wait_painted()
-        closed, closed_request = grab(), request()
+        closed = grab_prepared()
 
         def after_close():
             engine.reader.clear_cache()
-            engine.complete(with_dialog_request, [with_dialog])        # the screen as it was
+            run_prepared(engine, with_dialog)                          # the screen as it was
             started, started_cpu = time.perf_counter(), time.process_time()
-            done = engine.complete(closed_request, [closed])
+            done = run_prepared(engine, closed)
             return done, time.perf_counter() - started, time.process_time() - started_cpu
         results = [after_close() for _ in range(repeats)]
         times, cpu = [r[1] for r in results], [r[2] for r in results]
@@ -363,7 +366,7 @@ def real_window_rows(repeats: int) -> list[dict]:
         rows.append({"case": "describe real windows 800x600 after the dialog closed", "config": "deskeye, re-read",
                      "median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
                      "cpu_s": round(statistics.median(cpu), 4), "n": repeats,
-                     "area_read_fraction": last.extra["ocr"]["area_read_fraction"],
+                     "area_read_fraction": last.facts.ocr.area_read_fraction,
                      "answer": json.loads(last.text)})
         desktop.close_all()
         rows.append(terminal_row(engine, desktop, folder, region, repeats))
@@ -377,8 +380,7 @@ def real_window_rows(repeats: int) -> list[dict]:
 def terminal_row(engine, desktop, folder: Path, region, repeats: int) -> dict:
     """A dense terminal: xterm filling the region with a shell session (long `ls -l` rows, a traceback), described
     from the pixels alone (the monospace grid decides it is a terminal), full read with an empty cache."""
-    from inference_worker.protocol import parse_chat_request
-    from deskeye.prompt import build_messages, deskeye_response_format
+    from inference_worker.engines.base import run_prepared
 
     (folder / "calc.py").write_text("def ratio(done, total):\n    return done / total\n\nprint(ratio(3, 0))\n")
     (folder / "todo.txt").write_text("buy milk\ncall the bank about the card\nrenew passport before June\n")
@@ -386,17 +388,16 @@ def terminal_row(engine, desktop, folder: Path, region, repeats: int) -> dict:
     desktop.shell_session(["-bg", "white", "-fg", "black", "-geometry", "100x34", "-fa", "Monospace", "-fs", "10"],
                           "% ", commands, cwd=folder, at=(region.left, region.top))
     image = desktop.grab((region.left, region.top, region.width, region.height))
-    request = parse_chat_request({"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", None),
-                                  "response_format": deskeye_response_format()})
+    item = engine.prepare(_engine_request(image))
 
     def cold():
         engine.reader.clear_cache()
-        return engine.complete(request, [image])
+        return run_prepared(engine, item)
     cold()
     stats, completion = timed(cold, repeats)
     read = engine.reader.read(image).lines                  # the frame is unchanged: the lines just described
     return {"case": "describe real windows 800x600 (light xterm, pixels only)", "config": "deskeye, full read",
-            **stats, "lines": completion.extra["ocr"]["num_lines"], "true_lines": len(truth := terminal_truth(
+            **stats, "lines": completion.facts.ocr.num_lines, "true_lines": len(truth := terminal_truth(
                 folder, commands)), "accuracy": row_accuracy(truth, read), "answer": json.loads(completion.text)}
 
 

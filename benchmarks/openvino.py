@@ -91,7 +91,7 @@ def _request(question: str, color: tuple[int, int, int], **body: Any):
 def _ov_engine(ir: Path, cache_dir: Path):
     from inference_worker.engines.openvino.engine import OpenVINOEngine
     from inference_worker.engines.openvino.runtime import RuntimeOptions
-    return OpenVINOEngine(ir, RuntimeOptions(cache_dir=cache_dir))
+    return OpenVINOEngine(ir, runtime=RuntimeOptions(cache_dir=cache_dir))
 
 
 def restart(ir: Path, work: Path, num_runs: int) -> dict[str, Any]:
@@ -108,17 +108,18 @@ def restart(ir: Path, work: Path, num_runs: int) -> dict[str, Any]:
 
 
 def decode_speed(source: Path, ir: Path, work: Path, num_threads: int, num_runs: int) -> dict[str, Any]:
-    from inference_worker.engines.hf.engine import load_transformers_engine
+    from inference_worker.engines import EngineOptions, load_hf_engine
+    from inference_worker.engines.base import run_one
     engines = {"openvino_int8": _ov_engine(ir, work / "cache-decode"),
-               "transformers_fp32": load_transformers_engine(str(source), device="cpu", dtype="fp32",
-                                                             num_threads=num_threads, progress=False)}
+               "transformers_fp32": load_hf_engine(str(source), EngineOptions(device="cpu", dtype="fp32",
+                                                                              num_threads=num_threads), progress=False)}
     rates: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(num_runs):
         for question, color in PROMPTS:
-            request, images = _request(question, color, max_tokens=DECODE_MAX_TOKENS)
+            request, _ = _request(question, color, max_tokens=DECODE_MAX_TOKENS)
             for name, engine in engines.items():               # interleaved: both see the same noise
-                answer = engine.complete(request, images)
-                decode_ms = answer.extra["timing"]["decode_ms"]
+                answer = run_one(engine, request)
+                decode_ms = answer.facts.timing.decode_ms
                 if answer.completion_tokens > 1 and decode_ms > 0:
                     rates[name].append((answer.completion_tokens - 1) / decode_ms * 1000)
     for engine in engines.values():
@@ -138,14 +139,15 @@ def schema_validity(ir: Path, work: Path, num_requests: int) -> dict[str, Any]:
     import jsonschema
 
     from deskeye.prompt import deskeye_response_format
+    from inference_worker.engines.base import run_one
     schema = deskeye_response_format()["json_schema"]["schema"]
     engine = _ov_engine(ir, work / "cache-schema")
     num_valid, ttft_ms, ms_per_token, grammar_ms_per_token, problems = 0, [], [], [], []
     for seed in range(num_requests):
         question, color = PROMPTS[seed % len(PROMPTS)]
-        request, images = _request(question, color, deskeye_schema=True, max_tokens=1024, temperature=1.0,
+        request, _ = _request(question, color, deskeye_schema=True, max_tokens=1024, temperature=1.0,
                                    top_p=0.95, seed=seed)
-        answer = engine.complete(request, images)
+        answer = run_one(engine, request)
         try:
             if answer.finish_reason != "stop":
                 raise ValueError("cut off at max_tokens")
@@ -153,10 +155,10 @@ def schema_validity(ir: Path, work: Path, num_requests: int) -> dict[str, Any]:
             num_valid += 1
         except (ValueError, jsonschema.ValidationError) as exc:
             problems.append(f"seed {seed}: {str(exc)[:120]}")
-        timing, tokens = answer.extra["timing"], max(answer.completion_tokens, 1)
-        ttft_ms.append(timing["ttft_ms"])
-        ms_per_token.append((timing["ttft_ms"] + timing["decode_ms"]) / tokens)
-        grammar_ms_per_token.append(answer.extra["grammar_ms"] / tokens)
+        timing, tokens = answer.facts.timing, max(answer.completion_tokens, 1)
+        ttft_ms.append(timing.ttft_ms)
+        ms_per_token.append((timing.ttft_ms + timing.decode_ms) / tokens)
+        grammar_ms_per_token.append(answer.facts.grammar_ms / tokens)
     engine.close()
     per_token, grammar = statistics.median(ms_per_token), statistics.median(grammar_ms_per_token)
     return {"num_requests": num_requests, "num_valid": num_valid, "valid_share": num_valid / num_requests,

@@ -3,8 +3,8 @@ the tiny random MiniCPM-V 4.6 fixture (hybrid linear/full attention, NaViT-packe
 
 Per family, per N (1, 4, 8) and per reuse mode, N prepared requests (distinct questions and colours; MiniCPM-V with
 images of three shapes, Idefics3 with one, as its images must stack) are prefilled
-- "one by one": `BatchDecoder._prefill` per row, what each row costs alone;
-- "together": `BatchDecoder._prefill_cold_together` over all N (N = 1 is a lone row: prefilled alone).
+- "one by one": the decoder's `RowPrefill.prefill` per row, what each row costs alone;
+- "together": its `PrefillTogether.prefill` over all N (N = 1 is a lone row: prefilled alone).
 Reuse modes: "off" (no frame cache: the whole prompt in one forward) and "frame kept" (a frame-cache miss whose
 prefix is kept: a hybrid cache prefills the prefixes together, then the suffixes of equal length together; a plain
 one copies the prefix out of the whole-prompt forward). The frame cache is emptied before every timed round so each
@@ -39,14 +39,14 @@ MODES = ("off", "frame kept")
 
 
 def build_engine(family: str, folder: Path, *, kv_cache_bytes: int):
-    from inference_worker.engines.hf.engine import load_transformers_engine
+    from inference_worker.engines import EngineOptions, load_hf_engine
     from tests.fixtures import tiny_models
 
     checkpoint = folder / family
     if not checkpoint.exists():
         getattr(tiny_models, f"build_tiny_{family}")(checkpoint)
-    return load_transformers_engine(str(checkpoint), device="cpu", num_threads=1, progress=False,
-                                    kv_cache_bytes=kv_cache_bytes)
+    return load_hf_engine(str(checkpoint), EngineOptions(device="cpu", num_threads=1, kv_cache_bytes=kv_cache_bytes),
+                          progress=False)
 
 
 def requests_for(family: str, num_rows: int) -> list[tuple[Any, list]]:
@@ -63,7 +63,7 @@ def requests_for(family: str, num_rows: int) -> list[tuple[Any, list]]:
 def one_by_one(engine, rows) -> tuple[float, list[torch.Tensor], int]:
     decoder = engine.decoder
     started = time.perf_counter()
-    logits = [decoder._prefill(row.inputs)[1] for _, row in rows]
+    logits = [decoder.row_prefill.prefill(row.inputs)[1] for _, row in rows]
     return time.perf_counter() - started, logits, 0
 
 
@@ -71,15 +71,15 @@ def together(engine, rows) -> tuple[float, list[torch.Tensor], int]:
     """Returns also how many rows the group prefill took (the rest, lone or failed, are prefilled alone)."""
     decoder = engine.decoder
     started = time.perf_counter()
-    prefilled = decoder._prefill_cold_together(rows)
+    prefilled = decoder.together.prefill(rows)
     grouped = [i for i, _ in rows if isinstance(prefilled.get(i), tuple)]
-    logits = [prefilled[i][1] if i in grouped else decoder._prefill(row.inputs, prefilled.get(i))[1]
+    logits = [prefilled[i][1] if i in grouped else decoder.row_prefill.prefill(row.inputs, prefilled.get(i))[1]
               for i, row in rows]
     return time.perf_counter() - started, logits, len(grouped)
 
 
 def measure(engine, family: str, num_rows: int, mode: str, repeats: int) -> dict[str, Any]:
-    items = [engine.prepare(request, images) for request, images in requests_for(family, num_rows)]
+    items = [engine.prepare(request) for request, images in requests_for(family, num_rows)]
     if mode == "off":
         for item in items:
             item.inputs.frame = None

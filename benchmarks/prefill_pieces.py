@@ -30,12 +30,12 @@ SENTENCE = "The quick brown fox jumps over the lazy dog. "
 
 
 def build_engine(folder: Path):
-    from inference_worker.engines.hf.engine import load_transformers_engine
+    from inference_worker.engines import EngineOptions, load_hf_engine
     from tests.fixtures.tiny_models import build_tiny_idefics3
 
     checkpoint = build_tiny_idefics3(folder / "idefics3_long", text_overrides={"max_position_embeddings":
                                                                                CONTEXT_TOKENS})
-    return load_transformers_engine(str(checkpoint), device="cpu", num_threads=1, progress=False)
+    return load_hf_engine(str(checkpoint), EngineOptions(device="cpu", num_threads=1), progress=False)
 
 
 def prepared(engine, num_tokens: int):
@@ -46,13 +46,13 @@ def prepared(engine, num_tokens: int):
     while item is None or item.inputs.num_tokens < num_tokens:
         text = "".join(f"{i % 97} {SENTENCE}" for i in range(words))
         item = engine.prepare(parse_chat_request({"messages": [{"role": "user", "content": text}],
-                                                  "max_tokens": 1}), None)
+                                                  "max_tokens": 1}))
         words = int(words * 1.1) + 1
     return item
 
 
 def prefill_s(engine, item, chunk_tokens: int) -> float:
-    engine.decoder.prefill_chunk_tokens = chunk_tokens
+    engine.decoder.forward.chunk_tokens = chunk_tokens
     started = time.perf_counter()
     engine.decoder.run([engine.decoder_row(item)], lambda index, result: None)
     return time.perf_counter() - started
@@ -61,14 +61,14 @@ def prefill_s(engine, item, chunk_tokens: int) -> float:
 def freed_after_s(engine, item) -> float:
     """Seconds the decoder kept the model thread after the row's cancelled event was set, which happens as the piece
     halfway through its prefill starts (the worst moment: a whole piece still to run)."""
-    from inference_worker.engines.hf.batch_decode import PREFILL_CHUNK_TOKENS
+    from inference_worker.engines.hf.model_forward import PREFILL_CHUNK_TOKENS
 
-    decoder = engine.decoder
-    decoder.prefill_chunk_tokens = PREFILL_CHUNK_TOKENS
+    decoder, forward = engine.decoder, engine.decoder.forward
+    forward.chunk_tokens = PREFILL_CHUNK_TOKENS
     row = engine.decoder_row(item)
-    halfway = len(decoder.prefill_pieces(item.inputs.all_ids())) // 2 + 1
+    halfway = len(forward.prefill_pieces(item.inputs.all_ids())) // 2 + 1
     calls, cancelled_at = [], []
-    forward_once = decoder._forward_once
+    forward_once = forward._once
 
     def counted(*args, **kwargs):
         calls.append(1)
@@ -77,11 +77,11 @@ def freed_after_s(engine, item) -> float:
             row.cancelled.set()
         return forward_once(*args, **kwargs)
     outcomes: list = []
-    decoder._forward_once = counted
+    forward._once = counted
     try:
         decoder.run([row], lambda index, outcome: outcomes.append(outcome))
     finally:
-        del decoder._forward_once
+        del forward._once
     ended = time.perf_counter()
     if not cancelled_at or type(outcomes[0]).__name__ != "RowCancelled":
         raise RuntimeError(f"the row was not cancelled mid-prefill: {outcomes}")
@@ -89,7 +89,7 @@ def freed_after_s(engine, item) -> float:
 
 
 def measure(engine, num_tokens: int, repeats: int) -> dict[str, Any]:
-    from inference_worker.engines.hf.batch_decode import PREFILL_CHUNK_TOKENS
+    from inference_worker.engines.hf.model_forward import PREFILL_CHUNK_TOKENS
 
     item = prepared(engine, num_tokens)
     whole, pieces = [], []
@@ -99,7 +99,7 @@ def measure(engine, num_tokens: int, repeats: int) -> dict[str, Any]:
     pieces_s = statistics.median(pieces)
     return {"prompt_tokens": item.inputs.num_tokens, "chunk_tokens": PREFILL_CHUNK_TOKENS,
             "one_forward_s": round(statistics.median(whole), 3), "pieces_s": round(pieces_s, 3),
-            "num_pieces": len(engine.decoder.prefill_pieces(item.inputs.all_ids())),
+            "num_pieces": len(engine.decoder.forward.prefill_pieces(item.inputs.all_ids())),
             "freed_after_s": round(freed_after_s(engine, item), 3)}
 
 

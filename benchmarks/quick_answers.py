@@ -52,7 +52,7 @@ def write_calendar(path: Path, num_events: int) -> None:
 
 
 def bench_router(repeats: int, cache_dir: Path) -> dict:
-    from deskeye import router
+    from deskeye.ask import router
     from deskeye.settings import Settings
     settings = Settings()
     examples = router.load_examples(router.find_data_file(settings.rules_dir))
@@ -66,7 +66,7 @@ def bench_router(repeats: int, cache_dir: Path) -> dict:
 
 
 def bench_providers(repeats: int, ics: Path) -> dict:
-    from deskeye.providers import QuickAnswerer, ScreenMemory
+    from deskeye.ask.providers import QuickAnswerer, ScreenMemory
     from deskeye.settings import ProviderSettings, Settings
     from deskeye.prompt import Description
     memory = ScreenMemory()

@@ -35,7 +35,8 @@ image processor, which needs torchvision (not installable beside torch 2.13 CPU:
 then both servers serve the closest model vLLM does load here: Idefics3 built at MiniCPM-V 4.6's dimensions (the
 same 1152x27 SigLIP-class tower on 448-px tiles, 64 tokens a tile, up to 2x2 tiles and a global image; a 24-layer,
 1024-wide text model with the same 248k vocabulary, head and MLP, full attention in every layer) - and the report
-says why.
+says why. The two servers of a comparison start at once (their start-ups overlap) and are asked one at a time, the
+other idle; vLLM's attempt on MiniCPM-V 4.6 starts beside the first worker.
 
 Prints one table, the targets MET / MISSED, and writes JSON (default benchmarks/results/real_size.json). The
 machine is shared: compare the rows of one run, and run it more than once. `--dry` builds tiny models (the same
@@ -60,6 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from benchmarks._harness import fmt, median, render_screen, to_png, with_cursor
+from benchmarks._load import run_together
 from benchmarks._results import write_result
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -408,19 +410,27 @@ def run_worker(model_dir: Path, work_dir: Path, *, dtype: str, threads: int) -> 
 
 
 @contextlib.contextmanager
-def run_vllm(model_dir: Path, work_dir: Path, *, threads: int, remote_code: bool) -> Iterator[Server]:
+def run_vllm(model_dir: Path, work_dir: Path, *, threads: int, remote_code: bool,
+             one_process: bool = False) -> Iterator[Server]:
     """vLLM CPU on `model_dir` in bf16 with `threads` OpenMP threads; its whole process group is stopped on exit.
-    Raises RuntimeError naming the error line of its log when it does not start."""
+    Raises RuntimeError naming the error line of its log when it does not start. `one_process` (--dry): the model
+    runs in vLLM's engine process, not in a worker process of its own: one Python start-up of vLLM less (its start
+    went from ~145 to ~90 s here). Real numbers keep vLLM's default: its CPU backend binds OpenMP threads only in
+    that worker process."""
     import openai
 
-    from tests.fixtures.vllm_server import VLLM_PYTHON, VllmServer, free_port, stop_vllm, vllm_command, vllm_env
+    from tests.fixtures.vllm_server import (VLLM_PYTHON, VllmServer, free_port, is_healthy, stop_vllm, vllm_command,
+                                            vllm_env)
 
     port, served = free_port(), model_dir.name
     command = vllm_command(VLLM_PYTHON, model_dir, port, "--dtype", "bfloat16", "--served-model-name", served,
                            "--max-model-len", str(VLLM_MAX_MODEL_LEN), "--max-num-seqs", str(NUM_CONCURRENT),
-                           *(["--trust-remote-code"] if remote_code else []))
+                           *(["--trust-remote-code"] if remote_code else []),
+                           *(["--distributed-executor-backend", "uni"] if one_process else []))
     env = {**vllm_env(), "OMP_NUM_THREADS": str(threads), "VLLM_CPU_KVCACHE_SPACE": str(VLLM_KV_CACHE_GB),
            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}     # else it keeps one core for its front end: 1 of 2 cores here
+    if one_process:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # without it, vLLM CPU turns "uni" back into a worker process
     log_path = work_dir / f"vllm-{model_dir.name}.log"
     with log_path.open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -428,7 +438,7 @@ def run_vllm(model_dir: Path, work_dir: Path, *, threads: int, remote_code: bool
     server = VllmServer(f"http://127.0.0.1:{port}", model_dir, proc, 0.0)
     try:
         started = time.monotonic()
-        while not _is_up(server.url):
+        while not is_healthy(server.url):
             if proc.poll() is not None or time.monotonic() - started > START_TIMEOUT_S:
                 why = f"exited with status {proc.returncode}" if proc.poll() is not None else "did not answer"
                 raise RuntimeError(f"vLLM {why}: {_root_cause(log_path.read_text(encoding='utf-8', errors='replace'))}")
@@ -447,15 +457,6 @@ def _root_cause(log: str) -> str:
     missing = [line.split("] ")[-1].strip() for line in log.splitlines()
                if "ModuleNotFoundError" in line or "ImportError" in line]
     return missing[-1] if missing else log_tail(log)
-
-
-def _is_up(url: str) -> bool:
-    import urllib.request
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------- what is measured
@@ -517,23 +518,14 @@ def measure_concurrent(server: Server, frames: Frames, plan: Plan) -> dict:
     answer."""
     pngs = [to_png(frames.new(DEFAULT_FRAME)) for _ in range(NUM_CONCURRENT)]
     answers: list[Answer | None] = [None] * NUM_CONCURRENT
-    start = threading.Barrier(NUM_CONCURRENT + 1)
 
-    def ask(i: int) -> None:
+    def ask(i: int, ready: Callable[[], None]) -> None:
         client = server.make_client()
-        start.wait()
+        ready()
         answers[i] = stream_answer(client, server.model, describe_messages(i, pngs[i]),
                                    case=f"800x600 x{NUM_CONCURRENT} at once", max_tokens=plan.max_tokens)
 
-    threads = [threading.Thread(target=ask, args=(i,), name=f"real-size-client-{i}", daemon=True)
-               for i in range(NUM_CONCURRENT)]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    wall_s = time.perf_counter() - started
+    wall_s = run_together(ask, NUM_CONCURRENT, name="real-size-client")
     print(f"  {server.name} {server.dtype}: {NUM_CONCURRENT} at once in {wall_s:.1f} s", flush=True)
     return {"wall_s": round(wall_s, 2), "answers": [a for a in answers if a is not None]}
 
@@ -550,30 +542,65 @@ def _ask(server: Server, case: str, messages: list[dict], max_tokens: int,
     return answer
 
 
-#: what measure_server asks: every case; the cold frames only; cold frames and the same frame again
+#: what measure_together asks a server: every case; the cold frames only; cold frames and the same frame again
 FULL, COLD, COMPARE = "full", "cold", "compare"
 
 
-def measure_server(start: Callable[[], contextlib.AbstractContextManager], label: dict, plan: Plan, cases: str,
-                   ) -> dict:
-    """Start a server and ask it `cases` (FULL: cold frames, the same frame again, the cursor drawn, JSON and the
-    concurrent clients; COLD; COMPARE). A server that cannot start gives a part that says why."""
+def measure_together(servers: list[tuple[Callable[[], contextlib.AbstractContextManager], dict, str]],
+                     plan: Plan) -> list[dict]:
+    """Start the servers at once (their start-ups overlap: each is mostly one process importing and loading), then
+    ask them one at a time, `cases` each (FULL: cold frames, the same frame again, the cursor drawn, JSON and the
+    concurrent clients; COLD; COMPARE), while the others idle; all stop at the end. One part per server, in the
+    order given; a server that cannot start or answer gives a part that says why."""
+    with contextlib.ExitStack() as running:
+        started = start_together(running, [start for start, _, _ in servers])
+        return [_measure(outcome, label, plan, cases) for outcome, (_, label, cases) in zip(started, servers)]
+
+
+def start_together(running: contextlib.ExitStack, starts: list[Callable[[], contextlib.AbstractContextManager]],
+                   ) -> list[tuple[Server, float] | BaseException]:
+    """Enter each server's context on its own thread; each one's (server, seconds it took to start) or the error
+    it raised (re-raised by _measure: a pytest failure still ends the run). `running` stops the started ones."""
+    outcomes: list[tuple[Server, float] | BaseException] = [RuntimeError("not started")] * len(starts)
+    lock = threading.Lock()
+
+    def enter(index: int) -> None:
+        began = time.perf_counter()
+        try:
+            manager = starts[index]()
+            server = manager.__enter__()
+        except BaseException as exc:  # noqa: BLE001 - handed to _measure, on the main thread
+            outcomes[index] = exc
+            return
+        with lock:
+            running.push(manager)
+        outcomes[index] = (server, time.perf_counter() - began)
+
+    threads = [threading.Thread(target=enter, args=(i,), name=f"real-size-start-{i}") for i in range(len(starts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def _measure(outcome: tuple[Server, float] | BaseException, label: dict, plan: Plan, cases: str) -> dict:
     frames = Frames(f"{label['server']}-{label['model']}-{label['dtype']}")
-    started = time.perf_counter()
     part = {**label, "available": False, "answers": [], "concurrent": None}
     try:
-        with start() as server:
-            part.update(available=True, start_s=round(time.perf_counter() - started, 1))
-            print(f"  {server.name} {server.dtype} on {label['model']}: started in {part['start_s']:.0f} s",
-                  flush=True)
-            part.update(warm_up(server, with_json=cases == FULL))
-            sizes = plan.sizes if cases == COLD else tuple(s for s in plan.sizes if s != DEFAULT_FRAME)
-            part["answers"] = measure_cold(server, frames, sizes, plan)      # else the reuse part's first answers
-            if cases != COLD:
-                part["answers"] += measure_reuse(server, frames, plan, similar_and_json=cases == FULL)
-            if cases == FULL and plan.concurrent:
-                part["concurrent"] = measure_concurrent(server, frames, plan)
-            part["peak_rss_gb"] = peak_rss_gb(server.pid)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        server, start_s = outcome
+        part.update(available=True, start_s=round(start_s, 1))
+        print(f"  {server.name} {server.dtype} on {label['model']}: started in {start_s:.0f} s", flush=True)
+        part.update(warm_up(server, with_json=cases == FULL))
+        sizes = plan.sizes if cases == COLD else tuple(s for s in plan.sizes if s != DEFAULT_FRAME)
+        part["answers"] = measure_cold(server, frames, sizes, plan)      # else the reuse part's first answers
+        if cases != COLD:
+            part["answers"] += measure_reuse(server, frames, plan, similar_and_json=cases == FULL)
+        if cases == FULL and plan.concurrent:
+            part["concurrent"] = measure_concurrent(server, frames, plan)
+        part["peak_rss_gb"] = peak_rss_gb(server.pid)
     except Exception as exc:  # noqa: BLE001 - the report says why this server has no rows
         print(f"  {label['server']} on {label['model']}: {exc}", flush=True)
         part["reason"] = str(exc)[:1000]
@@ -797,28 +824,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def measure_all(args: argparse.Namespace, plan: Plan, cache_root: Path, work_dir: Path) -> tuple[list[dict], str]:
-    """The worker in each dtype on MiniCPM-V 4.6, then vLLM on it, or both servers on the stand-in."""
+    """The worker in each dtype on MiniCPM-V 4.6, vLLM on it beside the first, or both servers on the stand-in."""
     spec, standin = (DRY, DRY_STANDIN) if args.dry else (REAL, STANDIN)
     model_dir = ensure_model(spec, cache_root)
-    parts = []
-    for index, dtype in enumerate(args.dtypes):
-        start = lambda dtype=dtype: run_worker(model_dir, work_dir, dtype=dtype, threads=args.threads)  # noqa: E731
-        parts.append(measure_server(start, {"server": WORKER, "model": spec.name, "dtype": dtype}, plan,
-                                    FULL if index == 0 else COLD))
+
+    def worker(folder: Path, dtype: str) -> Callable[[], contextlib.AbstractContextManager]:
+        return lambda: run_worker(folder, work_dir, dtype=dtype, threads=args.threads)
+
+    def vllm(folder: Path, *, remote_code: bool) -> Callable[[], contextlib.AbstractContextManager]:
+        return lambda: run_vllm(folder, work_dir, threads=args.threads, remote_code=remote_code, one_process=args.dry)
+
+    label = lambda server, dtype: {"server": server, "model": spec.name, "dtype": dtype}   # noqa: E731
+    first = [(worker(model_dir, args.dtypes[0]), label(WORKER, args.dtypes[0]), FULL)]
+    if not args.skip_vllm:
+        view = vllm_view(model_dir, work_dir / f"{model_dir.name}-vllm")
+        first.append((vllm(view, remote_code=True), label("vllm", "bf16"), COMPARE))
+    main_part, *vllm_parts = measure_together(first, plan)
+    parts = [main_part] + [measure_together([(worker(model_dir, dtype), label(WORKER, dtype), COLD)], plan)[0]
+                           for dtype in args.dtypes[1:]]
     if args.skip_vllm:
         return parts, "skipped (--skip-vllm)"
-    view = vllm_view(model_dir, work_dir / f"{model_dir.name}-vllm")
-    vllm = measure_server(lambda: run_vllm(view, work_dir, threads=args.threads, remote_code=True),
-                          {"server": "vllm", "model": spec.name, "dtype": "bf16"}, plan, COMPARE)
-    if vllm["available"]:
-        return parts + [vllm], "the same model"
-    note = f"vLLM cannot load {spec.name} here: {vllm.get('reason', '')[:300]}"
+    if vllm_parts[0]["available"]:
+        return parts + vllm_parts, "the same model"
+    note = f"vLLM cannot load {spec.name} here: {vllm_parts[0].get('reason', '')[:300]}"
     standin_dir = ensure_model(standin, cache_root)
-    label = {"model": standin.name, "dtype": "bf16"}
-    parts.append(measure_server(lambda: run_worker(standin_dir, work_dir, dtype="bf16", threads=args.threads),
-                                {"server": WORKER, **label}, plan, COMPARE))
-    parts.append(measure_server(lambda: run_vllm(standin_dir, work_dir, threads=args.threads, remote_code=False),
-                                {"server": "vllm", **label}, plan, COMPARE))
+    on_standin = {"model": standin.name, "dtype": "bf16"}
+    parts += measure_together([(worker(standin_dir, "bf16"), {"server": WORKER, **on_standin}, COMPARE),
+                               (vllm(standin_dir, remote_code=False), {"server": "vllm", **on_standin}, COMPARE)],
+                              plan)
     return parts, note
 
 

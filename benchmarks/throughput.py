@@ -38,9 +38,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks._harness import (Endpoint, Reply, ServerPool, ServerUnavailable, dark_mode, deskeye_worker,
-                                 fetch_metrics, fmt, median, percentile, post_one, render_screen, rounded,
-                                 run_closed_loop, screen_png, to_png, transformers_serve, with_cursor)
+from benchmarks._harness import (Endpoint, ServerPool, ServerUnavailable, dark_mode, deskeye_worker, fmt, median,
+                                 percentile, render_screen, rounded, screen_png, to_png, transformers_serve,
+                                 with_cursor)
+from benchmarks._load import Reply, fetch_metrics, post_one, run_closed_loop
 from benchmarks._results import write_result
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -386,14 +387,13 @@ def measure_model_only(model: str, args: argparse.Namespace, plan: Plan, request
                        num_repeats: int = 3) -> dict:
     """Where the ceiling is: the engine alone in this process, on the anchor level's JSON requests already
     prepared (no HTTP, no image decoding, no processor on the clock): one at a time vs as one batch."""
-    from inference_worker.engines.hf.engine import load_transformers_engine
-    from inference_worker.serving.images import decode_request_images
+    from inference_worker.engines import EngineOptions, load_hf_engine
     from inference_worker.protocol import parse_chat_request
 
-    engine = load_transformers_engine(model, device=args.device, num_threads=args.threads, progress=False)
+    engine = load_hf_engine(model, EngineOptions(device=args.device, num_threads=args.threads), progress=False)
     try:
         requests_ = [parse_chat_request(json.loads(body)) for body in requests.get("json", plan.anchor_clients)]
-        prepared = [engine.prepare(r, decode_request_images(r, 10**9)) for r in requests_[:plan.anchor_clients]]
+        prepared = [engine.prepare(r) for r in requests_[:plan.anchor_clients]]
         run = lambda items: engine.run_batch(items, lambda index, answer: None)   # noqa: E731
         run(prepared[:2])                                                           # warm-up
         alone, together = [], []

@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks._harness import process_tree_rss_mb
+
 RESULTS = Path(__file__).resolve().parent / "results" / "worker_memory.json"
 PEAK_SAMPLE_S = 0.02
 SETTLE_SAMPLE_S = 1.0
@@ -50,20 +52,6 @@ class MemoryResult:
     first_error: str = ""
 
 
-def tree_rss_mb(pid: int) -> float:
-    """RSS of process `pid` and its living descendants, in MB."""
-    import psutil
-
-    total = 0
-    root = psutil.Process(pid)
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total / 2**20
-
-
 class PeakSampler:
     """A thread that samples the worker's RSS every PEAK_SAMPLE_S until stopped; `peak_mb` is the highest."""
 
@@ -83,7 +71,7 @@ class PeakSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_mb = max(self.peak_mb, tree_rss_mb(self.pid))
+            self.peak_mb = max(self.peak_mb, process_tree_rss_mb(self.pid))
             self._stop.wait(PEAK_SAMPLE_S)
 
 
@@ -104,14 +92,14 @@ def measure(worker, *, size: tuple[int, int], images_per_request: int, num_reque
     if status != 200:
         raise RuntimeError(f"the warm-up request failed: {status} {str(answer)[:300]}")
     time.sleep(SETTLE_SAMPLE_S)
-    result.baseline_rss_mb = round(tree_rss_mb(worker.proc.pid), 1)
+    result.baseline_rss_mb = round(process_tree_rss_mb(worker.proc.pid), 1)
     with PeakSampler(worker.proc.pid) as sampler:
         for body in bodies:
             started_s = time.monotonic()
             status, answer = worker.request("POST", "/v1/chat/completions", raw=body, timeout_s=600)
             result.request_s.append(round(time.monotonic() - started_s, 2))
             result.statuses.append(status)
-            result.after_request_rss_mb.append(round(tree_rss_mb(worker.proc.pid), 1))
+            result.after_request_rss_mb.append(round(process_tree_rss_mb(worker.proc.pid), 1))
             if status != 200 and not result.first_error:
                 result.first_error = str(answer)[:500]
     result.peak_rss_mb = round(sampler.peak_mb, 1)
@@ -122,10 +110,10 @@ def measure(worker, *, size: tuple[int, int], images_per_request: int, num_reque
 
 def _settle(pid: int, settle_s: float, result: MemoryResult) -> None:
     started_s = time.monotonic()
-    samples = [tree_rss_mb(pid)]
+    samples = [process_tree_rss_mb(pid)]
     while (idle_s := time.monotonic() - started_s) < settle_s:
         time.sleep(min(SETTLE_SAMPLE_S, settle_s - idle_s))
-        samples.append(tree_rss_mb(pid))
+        samples.append(process_tree_rss_mb(pid))
         whole_s = int(round(time.monotonic() - started_s))
         if whole_s % 10 == 0:
             result.settle_curve_mb[whole_s] = round(samples[-1], 1)

@@ -1,4 +1,5 @@
-"""`deskeye` command line: parses argv (only inside main) and hands a Settings object to the feature.
+"""`deskeye` command line: parses argv (only inside main) and hands a Settings object to the feature, with the
+command's `--engine` / `--model` already in its [worker] settings.
 
 Each subcommand lives in the module that owns its concept; this file only wires them up.
 """
@@ -9,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from deskeye.errors import DeskEyeError
+from deskeye.errors import DeskEyeError, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,31 +24,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="start the tray app: capture loop, hotkeys, overlay")
     p.add_argument("--region", help="X,Y,W,H screen region to watch (default: 800x600 centred)")
-    p.add_argument("--engine", choices=["auto", "ocr", "transformers", "openvino"], help="worker engine (default: settings)")
-    p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
-    p.set_defaults(handler="deskeye.app:cmd_run")
+    _add_worker_options(p)
+    p.set_defaults(handler="deskeye.run:cmd_run")
 
     p = sub.add_parser("describe", help="describe the screen (or an image) once and print the answer")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--image", type=Path, help="describe this image file instead of the screen")
-    src.add_argument("--region", help="X,Y,W,H screen region (default: settings)")
+    _add_source(p, image_help="describe this image file instead of the screen")
     p.add_argument("--json", action="store_true",
                    help='print exactly {"summary", "key_objects", "engine", "latency_ms"}')
-    p.add_argument("--engine", choices=["auto", "ocr", "transformers", "openvino"], help="worker engine (default: settings)")
-    p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
+    _add_worker_options(p)
     p.set_defaults(handler="deskeye.oneshot:cmd_describe")
 
     p = sub.add_parser("ask", help="ask a question, routed like the Ask box (quick answers need no worker)")
     p.add_argument("question")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--image", type=Path, help="ask about this image file instead of the screen")
-    src.add_argument("--region", help="X,Y,W,H screen region (default: settings)")
+    _add_source(p, image_help="ask about this image file instead of the screen")
     p.add_argument("--json", action="store_true", help='print the answer as JSON (describe\'s keys plus "tier")')
-    p.add_argument("--engine", choices=["auto", "ocr", "transformers", "openvino"], help="worker engine (default: settings)")
-    p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
+    _add_worker_options(p)
     p.set_defaults(handler="deskeye.oneshot:cmd_ask")
 
-    p = sub.add_parser("doctor", help="check display, capture, GPU, model and worker; one line each")
+    p = sub.add_parser("trigger", help="make the running app describe, open the Ask box, pause or resume "
+                                       "(bind it to a key in your desktop's keyboard settings)")
+    from deskeye.ui.trigger import ACTIONS      # cheap: sockets and words, no GUI toolkit
+    p.add_argument("action", choices=ACTIONS)
+    p.set_defaults(handler="deskeye.ui.trigger:cmd_trigger")
+
+    p = sub.add_parser("doctor", help="check display, capture, hotkeys, GPU, model and worker; one line each")
     p.set_defaults(handler="deskeye.doctor:cmd_doctor")
 
     p = sub.add_parser("settings", help="show the settings file path, or write a documented default one")
@@ -58,20 +58,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queries", nargs="*", metavar="QUERY")
     p.add_argument("--json", action="store_true", help='one JSON line per query: {"query", "tier", "confidence"}')
     p.add_argument("--evaluate", action="store_true", help="print cross-validated accuracy per tier")
-    p.set_defaults(handler="deskeye.router:cmd_route")
+    p.set_defaults(handler="deskeye.ask.router:cmd_route")
 
     p = sub.add_parser("hooks", help="validate or fire automation hooks")
     hooks = p.add_subparsers(dest="hooks_command", required=True, metavar="ACTION")
     h = hooks.add_parser("check", help="validate hook rules")
-    h.add_argument("--rules", type=Path, help="hooks TOML file (default: DeskEye's deskeye/rules/hooks.toml and the user's file)")
-    h.set_defaults(handler="deskeye.hooks:cmd_check")
+    _add_rules_option(h)
+    h.set_defaults(handler="deskeye.hooks.cli:cmd_check")
     h = hooks.add_parser("fire", help="run the hooks matching these key_objects once, as the app would")
-    h.add_argument("--rules", type=Path, help="hooks TOML file (default: DeskEye's deskeye/rules/hooks.toml and the user's file)")
+    _add_rules_option(h)
     h.add_argument("--key-objects", required=True, help='JSON list of strings, e.g. \'["inbox", "3 unread"]\'')
     h.add_argument("--summary", default="", help="the description's summary text")
     h.add_argument("--dry-run", action="store_true", help="print what would run; run nothing")
-    h.set_defaults(handler="deskeye.hooks:cmd_fire")
+    h.set_defaults(handler="deskeye.hooks.cli:cmd_fire")
     return parser
+
+
+def _add_worker_options(p: argparse.ArgumentParser) -> None:
+    """The worker the command starts, when it needs one (run, describe, ask)."""
+    p.add_argument("--engine", choices=["auto", "ocr", "transformers", "openvino"], help="worker engine (default: settings)")
+    p.add_argument("--model", help="vision-language model folder or Hugging Face id (default: settings)")
+
+
+def _add_source(p: argparse.ArgumentParser, *, image_help: str) -> None:
+    """What a one-shot command looks at: an image file or a screen region, not both."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--image", type=Path, help=image_help)
+    src.add_argument("--region", help="X,Y,W,H screen region (default: settings)")
+
+
+def _add_rules_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rules", type=Path, help="hooks TOML file (default: DeskEye's deskeye/rules/hooks.toml and the user's file)")
 
 
 def _resolve(handler: str):
@@ -97,13 +114,32 @@ def join_option_values(argv: list[str]) -> list[str]:
     return joined
 
 
+def worker_overrides(args) -> dict[str, str]:
+    """--engine / --model as [worker] settings. `--model` alone means that model or a clear failure (never a
+    silent fall back to OCR), and a model path that does not exist is refused here, in one line."""
+    engine, model = getattr(args, "engine", None), getattr(args, "model", None)
+    overrides = {k: v for k, v in (("engine", engine), ("model", model)) if v}
+    if model:
+        if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+            raise UsageError(f"--model {model}: no such folder. Give a model folder or a Hugging Face id "
+                             "(e.g. openbmb/MiniCPM-V-4.6), or leave --model out to use the OCR engine.")
+        if not engine:
+            overrides["engine"] = "transformers"
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(join_option_values(sys.argv[1:] if argv is None else list(argv)))
     from deskeye.lifecycle import Terminated, interrupt_on_signals
     try:
         with interrupt_on_signals():     # SIGTERM unwinds like Ctrl+C: a worker started for one answer is stopped
-            from deskeye.settings import load_settings
+            from deskeye.language import use_language
+            from deskeye.settings import load_settings, with_overrides
             settings = load_settings(args.settings)
+            use_language(settings.ui.language)      # the words of every command, and the language answers are asked in
+            worker = worker_overrides(args)
+            if worker:
+                settings = with_overrides(settings, worker=worker)
             return int(_resolve(args.handler)(args, settings) or 0)
     except DeskEyeError as exc:
         print(f"deskeye: {exc}", file=sys.stderr)

@@ -6,7 +6,6 @@ check starts the worker, which loads it, exactly as the app would).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from deskeye.errors import DeskEyeError
+from deskeye.language import _
 from deskeye.settings import Settings, worker_api_key
 
 NO_GPU = "no GPU: the OCR engine or a small model on CPU will be used"
@@ -27,9 +27,10 @@ class Check:
     name: str
     is_ok: bool
     detail: str
+    is_warning: bool = False     # works, but the user must know (e.g. privacy exclusions that cannot be enforced)
 
     def line(self) -> str:
-        return f"{'OK  ' if self.is_ok else 'FAIL'}  {self.name:<8} {self.detail}"
+        return f"{'FAIL' if not self.is_ok else 'WARN' if self.is_warning else 'OK  '}  {self.name:<8} {self.detail}"
 
 
 def cmd_doctor(args, settings: Settings) -> int:
@@ -41,11 +42,13 @@ def cmd_doctor(args, settings: Settings) -> int:
 
 def run_checks(settings: Settings) -> list[Check]:
     checks: list[tuple[str, Callable[[Settings], Check]]] = [
-        ("display", check_display), ("capture", check_capture), ("gpu", check_gpu),
+        ("display", check_display), ("capture", check_capture), ("hotkeys", check_hotkeys), ("gpu", check_gpu),
         ("model", check_model), ("worker", check_worker),
     ]
     if settings.worker.url:                      # an external server: does it honour DeskEye's schema?
         checks.append(("output", check_output_mode))
+    if _is_wayland():                            # which window list privacy reads there (X11: the X server's)
+        checks.insert(2, ("privacy", check_window_list))
     results = []
     for name, check in checks:
         try:
@@ -58,16 +61,19 @@ def run_checks(settings: Settings) -> list[Check]:
 # ------------------------------------------------------------------ display and capture
 
 def check_display(settings: Settings) -> Check:
-    if not sys.platform.startswith("linux"):
+    """The session and its X display (DeskEye's windows are X11 ones, through Xwayland on Wayland); whether DeskEye
+    can see the screen there is the capture line's."""
+    from deskeye.see.session import NO_DISPLAY, Session, SessionType
+
+    session = Session.detect()
+    if session.kind == SessionType.NATIVE:
         return Check("display", True, f"{sys.platform}: the desktop is always there")
-    display = os.environ.get("DISPLAY", "")
-    if not display:
-        return Check("display", False, "DISPLAY is not set. Run DeskEye inside your desktop session (on Wayland, "
-                                       "under XWayland), or use `deskeye describe --image FILE`.")
-    if not x_display_reachable(display):
-        return Check("display", False, f"cannot open the X display {display!r}: is the X server running, and "
-                                       "may this user connect to it (xhost / XAUTHORITY)?")
-    return Check("display", True, f"X display {display} reachable")
+    if not session.display:
+        return Check("display", False, _(NO_DISPLAY))
+    if not x_display_reachable(session.display):
+        return Check("display", False, f"cannot open the X display {session.display!r}: is the X server running, "
+                                       "and may this user connect to it (xhost / XAUTHORITY)?")
+    return Check("display", True, f"X display {session.display} reachable; {session.describe()}")
 
 
 def x_display_reachable(display: str) -> bool:
@@ -90,20 +96,55 @@ def x_display_reachable(display: str) -> bool:
 
 
 def check_capture(settings: Settings) -> Check:
-    from deskeye.capture import ScreenGrabber
+    """One grab of the watched region, as the app makes it: the session's backend, and the pixels checked (an empty
+    or wrongly black grab fails with its cause and fix: deskeye/see/capture.py `check_pixels`)."""
+    from deskeye.see.capture import ScreenGrabber, is_black
 
-    grabber = ScreenGrabber(settings.capture)
+    grabber = ScreenGrabber.for_settings(settings)
     try:
         started = time.perf_counter()
         frame = grabber.grab()
         elapsed_ms = (time.perf_counter() - started) * 1000
+        backend = grabber.backend().name
     except DeskEyeError as exc:
         return Check("capture", False, str(exc))
     finally:
         grabber.close_thread()
     rect = frame.rect
+    pixels = ("black, with no window there: the desktop's own background" if is_black(frame.image)
+              else "pixels checked: not black")
     return Check("capture", True, f"grabbed {rect.width}x{rect.height} at {rect.left},{rect.top} of monitor "
-                                  f"{settings.capture.monitor} in {elapsed_ms:.0f} ms")
+                                  f"{settings.capture.monitor} in {elapsed_ms:.0f} ms with {backend} ({pixels})")
+
+
+def _is_wayland() -> bool:
+    from deskeye.see.session import Session, SessionType
+    return Session.detect().kind == SessionType.WAYLAND
+
+
+def check_window_list(settings: Settings) -> Check:
+    """Which window list privacy reads in this session (deskeye/see/window_list.py), and whether it answers; a WARN
+    naming the excluded titles that cannot be enforced where the desktop tells no one."""
+    from deskeye.see.window_list import SessionWindows
+
+    windows = SessionWindows()
+    try:
+        notice = windows.titles_unknown_notice(settings.excluded_titles)
+        if notice:
+            return Check("privacy", True, notice, is_warning=True)
+        found = windows.read().windows
+        return Check("privacy", True, f"{windows.describe()} ({len(found)} on screen now)")
+    except DeskEyeError as exc:
+        return Check("privacy", False, str(exc))
+    finally:
+        windows.close_thread()
+
+
+def check_hotkeys(settings: Settings) -> Check:
+    """How the user's keys reach DeskEye in this session, as the app says it at start (deskeye/ui/hotkey_route.py):
+    never a failure, since `deskeye trigger` works everywhere; on Wayland it says how to bind it."""
+    from deskeye.ui.hotkey_route import hotkey_route
+    return Check("hotkeys", True, hotkey_route(settings.hotkeys).message)
 
 
 # ------------------------------------------------------------------ GPU and model
@@ -242,7 +283,7 @@ def missing_model_files(folder: Path) -> str:
 def check_worker(settings: Settings) -> Check:
     if settings.worker.url:
         return check_external_server(settings)
-    from deskeye.supervisor import WorkerSupervisor
+    from deskeye.worker.supervisor import WorkerSupervisor
 
     supervisor = WorkerSupervisor(settings)
     started = time.perf_counter()
@@ -261,8 +302,8 @@ def check_external_server(settings: Settings) -> Check:
     import urllib.error
     import urllib.request
 
-    from deskeye.client import printable
-    from deskeye.supervisor import external_base_url
+    from deskeye.worker.client import printable
+    from deskeye.worker.endpoint import external_base_url
 
     url = external_base_url(settings.worker.url)
     request = urllib.request.Request(f"{url}/v1/models",
@@ -294,9 +335,9 @@ def check_output_mode(settings: Settings) -> Check:
 
     from PIL import Image
 
-    from deskeye.client import WorkerClient
-    from deskeye.output_mode import JSON_SCHEMA
-    from deskeye.supervisor import WorkerSupervisor
+    from deskeye.worker.client import WorkerClient
+    from deskeye.worker.output_mode import JSON_SCHEMA
+    from deskeye.worker.supervisor import WorkerSupervisor
     from deskeye.prompt import DESCRIBE_QUESTION
 
     buffer = io.BytesIO()

@@ -54,3 +54,34 @@ def check_hotkey(text: str, key: str) -> str:
         raise SettingsError(f"{key} = {text!r} is not a valid hotkey ({exc}). Use pynput syntax, e.g. {EXAMPLE}.") \
             from None
     return "+".join(sorted(parts))
+
+
+# How a key is named to the user ("Ctrl+Alt+P"): the names on keyboards, the same in every language DeskEye speaks.
+_SHOWN_NAMES = {
+    "alt": "Alt", "alt_l": "Left Alt", "alt_r": "Right Alt", "alt_gr": "AltGr", "cmd": "Super", "cmd_l": "Left Super",
+    "cmd_r": "Right Super", "ctrl": "Ctrl", "ctrl_l": "Left Ctrl", "ctrl_r": "Right Ctrl", "shift": "Shift",
+    "shift_l": "Left Shift", "shift_r": "Right Shift", "backspace": "Backspace", "caps_lock": "Caps Lock",
+    "delete": "Delete", "down": "Down", "end": "End", "enter": "Enter", "esc": "Esc", "home": "Home", "left": "Left",
+    "page_down": "Page Down", "page_up": "Page Up", "right": "Right", "space": "Space", "tab": "Tab", "up": "Up",
+    "media_play_pause": "Play/Pause", "media_volume_mute": "Mute", "media_volume_down": "Volume Down",
+    "media_volume_up": "Volume Up", "media_previous": "Previous Track", "media_next": "Next Track",
+    "insert": "Insert", "menu": "Menu", "num_lock": "Num Lock", "pause": "Pause", "print_screen": "Print Screen",
+    "scroll_lock": "Scroll Lock", **{f"f{i}": f"F{i}" for i in range(1, 21)},
+}
+
+
+def display_name(hotkey: str) -> str:
+    """A hotkey as the user reads it: "<ctrl>+<alt>+p" -> "Ctrl+Alt+P", "<ctrl>++" -> "Ctrl+Plus", keys in the
+    order written. A string that is not a valid hotkey is returned as it is (settings refuse it before it is shown)."""
+    try:
+        parts = [canonical_part(p) for p in split_parts(hotkey)]
+    except ValueError:
+        return hotkey
+    return "+".join(_shown_part(p) for p in parts)
+
+
+def _shown_part(part: str) -> str:
+    if len(part) == 1:
+        return "Plus" if part == "+" else part.upper()
+    name = part[1:-1]
+    return _SHOWN_NAMES.get(name) or f"Key {name}"      # <65>: a virtual key code

@@ -12,7 +12,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from deskeye.capture import Frame
+from deskeye.see.capture import Frame
 
 
 class JobKind(enum.StrEnum):

@@ -1,7 +1,8 @@
 """How a `deskeye` process ends, whatever ends it, without leaving a worker or a temporary folder behind.
 
-- `RunFolder`: the run's private temporary folder (`deskeye-run-*`). The worker's state folder and the tray's icons
-  go inside it, so one removal on the way out takes them all, even when a stuck thread never gets to its own.
+- `RunFolder`: the run's private temporary folder (`deskeye-run-*`). The worker's state folder, the tray's icons and
+  the settings in effect (deskeye/live_settings.py) go inside it, so one removal on the way out takes them all,
+  even when a stuck thread never gets to its own.
 - `StopSignals` (`deskeye run`): SIGTERM, SIGINT and SIGHUP from the command's first line. The C-level handler only
   writes the signal's number to the interpreter's wakeup fd; the thread `deskeye-signals` reads it and asks for a
   clean stop (`on_stop`), once: a stop is never undone. A Python-level handler would run inside the main thread
@@ -11,6 +12,7 @@
   blocks stop the worker; a second signal while unwinding: `exit_now`.
 - `on_display_lost`: when the X server goes away, Xlib's default IO-error handler calls exit() (GTK's, _exit()):
   no `finally` runs and the folders stay. DeskEye's handler is called instead; it stops the app and ends the process.
+- `run_folders`: the run folders of this user's runs, where `deskeye settings` finds a running app's state.
 - `exit_now`: SIGKILL the workers this process started, remove its temporary folders, os._exit. For when a clean
   stop cannot finish: a second signal, threads stuck on a lost or frozen X server.
 """
@@ -23,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -94,6 +97,21 @@ class RunFolder:
 
     def __exit__(self, *exc) -> None:
         self.remove()
+
+
+def run_folders() -> list[Path]:
+    """This user's run folders in the system temp folder: those of the runs going on (and of a run that was killed
+    before it could remove its own). Another user's, or a symlink by that name, is not listed."""
+    uid = os.getuid()
+    folders = []
+    for path in Path(tempfile.gettempdir()).glob(f"{RUN_FOLDER_PREFIX}*"):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+            folders.append(path)
+    return folders
 
 
 # ---------------------------------------------------------------------- signals

@@ -3,7 +3,9 @@
 stdout carries only the answer (with --json exactly one object: summary, key_objects, engine, latency_ms,
 output_mode; `ask` adds `tier`); progress and errors go to stderr. `ask` routes like the Ask box: a quick question
 is answered by a local provider without starting the worker. A screen grab honours the privacy exclusions with the
-app's own message (the active window, and any excluded window in the region).
+app's own message (the active window, and any excluded window in the region), and grabs the region the app watches
+(deskeye/see/capture.py `watched_region`), naming it on stderr. An image file is read before the worker
+starts (a bad one is refused at once) and scaled down, if it must be, to what the worker says it accepts.
 """
 
 from __future__ import annotations
@@ -12,16 +14,23 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from deskeye.client import Answer, WorkerClient, printable
 from deskeye.errors import DeskEyeError, UsageError
-from deskeye.prompt import DESCRIBE_QUESTION
-from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import WorkerSupervisor
+from deskeye.language import ui_language
+from deskeye.prompt import describe_question
+from deskeye.settings import Settings
+from deskeye.worker.client import Answer, WorkerClient, printable
+from deskeye.worker.endpoint import FALLBACK_LIMITS, WorkerLimits
+from deskeye.worker.supervisor import WorkerSupervisor
 
-# The worker's default limit (inference_worker.config.DEFAULT_MAX_IMAGE_PIXELS; tests/test_oneshot_cli.py checks
-# they agree). A larger image file is scaled down to it before it is sent.
-MAX_IMAGE_PIXELS = 7680 * 4320
+if TYPE_CHECKING:
+    from PIL import Image
+
+LOOKING_AT = "deskeye: looking at {width}x{height} at {left},{top} of monitor {monitor}"   # stderr, before a grab
+
+FramePng = Callable[[WorkerLimits], "tuple[bytes, tuple]"]   # the frame as PNG for what the worker accepts, and its
+                                                              # window facts
 
 
 class PrivacyRefusal(DeskEyeError):
@@ -30,9 +39,7 @@ class PrivacyRefusal(DeskEyeError):
 
 
 def cmd_describe(args, settings: Settings) -> int:
-    settings = _apply_overrides(args, settings)
-    png, windows = _frame_png(args, settings)
-    answer = _ask_once(settings, DESCRIBE_QUESTION, png, windows)
+    answer = _ask_once(settings, describe_question(ui_language()), _frame(args, settings))
     _print_answer(answer, as_json=args.json)
     return 0
 
@@ -41,42 +48,53 @@ def cmd_ask(args, settings: Settings) -> int:
     question = (args.question or "").strip()
     if not question:
         raise UsageError('The question is empty: deskeye ask "What does this error mean?"')
-    settings = _apply_overrides(args, settings)
     routed = _route(question, settings)
     if routed.quick_answer is not None:
         return _print_quick(routed.quick_answer, as_json=args.json)
-    png, windows = _frame_png(args, settings)
-    answer = _ask_once(settings, question, png, windows)
+    answer = _ask_once(settings, question, _frame(args, settings))
     _print_answer(answer, as_json=args.json, tier=routed.tier)
     return 0
 
 
 def _route(question: str, settings: Settings):
-    from deskeye.asking import route_question
-    from deskeye.providers import QuickAnswerer
-    from deskeye.router import Router
+    from deskeye.ask.asking import route_question
+    from deskeye.ask.providers import QuickAnswerer
+    from deskeye.ask.router import Router
     return route_question(question, Router.load(settings), QuickAnswerer(settings))
 
 
-def _apply_overrides(args, settings: Settings) -> Settings:
-    from deskeye.app import worker_overrides
-    overrides = worker_overrides(args)
-    return with_overrides(settings, worker=overrides) if overrides else settings
-
-
-def _frame_png(args, settings: Settings) -> tuple[bytes, tuple]:
-    """The image file as PNG (no window facts), else a grab of the region (--region, else the configured one) and
-    the windows in it, unless private."""
+def _frame(args, settings: Settings) -> FramePng:
+    """The image file (no window facts), else a grab of the region (--region, else the configured one) and the
+    windows in it, unless private. Read now, before any worker starts; made PNG once the worker's limits are known."""
     if getattr(args, "image", None) is not None:
-        return load_image_png(args.image), ()
-    from deskeye.capture import ScreenGrabber
-    from deskeye.privacy import check_privacy
-    from deskeye.x11_windows import OwnWindows
-    grabber, windows = ScreenGrabber(settings.capture, getattr(args, "region", None)), OwnWindows()
+        path = Path(args.image).expanduser()
+        rgb = read_image(path)
+        return lambda limits: (image_png(rgb, path, limits.max_pixels_per_frame), ())
+    png, windows = _grab_png(args, settings)
+    return lambda limits: (png, windows)
+
+
+def _grab_png(args, settings: Settings) -> tuple[bytes, tuple]:
+    """The session's windows decide first (deskeye/see/window_list.py): where the desktop hides them, the exclusions
+    that cannot be enforced are named on stderr before anything else; an excluded active window is refused before
+    the region is even read, an excluded window in the region before the grab."""
+    from deskeye.see.capture import ScreenGrabber
+    from deskeye.see.privacy import active_window, check_privacy
+    from deskeye.see.window_list import SessionWindows
+    windows = SessionWindows()
+    windows.say_titles_unknown(settings.excluded_titles)
+    grabber = ScreenGrabber.for_settings(settings, getattr(args, "region", None))
     try:
-        verdict = check_privacy(settings.excluded_titles, region=grabber.rect(), windows=windows.windows())
+        seen = windows.read()
+        active = seen.active or active_window()
+        verdict = check_privacy(settings.excluded_titles, active=active)     # needs no region: checked first
+        if not verdict.is_excluded:
+            rect = grabber.rect()
+            verdict = check_privacy(settings.excluded_titles, region=rect, windows=seen.windows, active=active)
         if verdict.is_excluded:
             raise PrivacyRefusal(verdict.reason)
+        print(LOOKING_AT.format(width=rect.width, height=rect.height, left=rect.left, top=rect.top,
+                                monitor=settings.capture.monitor), file=sys.stderr)
         frame = grabber.grab()
         return frame.png(), frame.windows
     finally:
@@ -84,9 +102,16 @@ def _frame_png(args, settings: Settings) -> tuple[bytes, tuple]:
         windows.close_thread()
 
 
-def load_image_png(path: Path, max_pixels: int = MAX_IMAGE_PIXELS) -> bytes:
+def load_image_png(path: Path, max_pixels: int = FALLBACK_LIMITS.max_pixels_per_frame) -> bytes:
     """Read an image file (any format PIL reads) and re-encode it as PNG, scaled down to `max_pixels` if larger;
     UsageError naming what is wrong."""
+    path = Path(path).expanduser()
+    return image_png(read_image(path, max_pixels), path, max_pixels)
+
+
+def read_image(path: Path, max_pixels: int = FALLBACK_LIMITS.max_pixels_per_frame) -> "Image.Image":
+    """An image file (any format PIL reads) as RGB, decoded no larger than needed for `max_pixels` where the format
+    allows (JPEG); UsageError naming what is wrong."""
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path).expanduser()
@@ -105,6 +130,13 @@ def load_image_png(path: Path, max_pixels: int = MAX_IMAGE_PIXELS) -> bytes:
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError) as exc:
         raise UsageError(f"--image {path}: not an image DeskEye can read (PNG, JPEG, WebP, BMP, GIF): "
                          f"{exc}") from None
+    return rgb
+
+
+def image_png(rgb: "Image.Image", path: Path, max_pixels: int) -> bytes:
+    """`rgb` as PNG, scaled down to `max_pixels` if larger (saying so on stderr, naming the file at `path`)."""
+    from PIL import Image
+
     if rgb.width * rgb.height > max_pixels:
         size = _fit(rgb.size, max_pixels)
         print(f"deskeye: {path} is {rgb.width}x{rgb.height}; sending it scaled down to {size[0]}x{size[1]}.",
@@ -120,7 +152,7 @@ def _fit(size: tuple[int, int], max_pixels: int) -> tuple[int, int]:
     return max(1, int(size[0] * scale)), max(1, int(size[1] * scale))
 
 
-def _ask_once(settings: Settings, question: str, png: bytes, windows: tuple = ()) -> Answer:
+def _ask_once(settings: Settings, question: str, frame: FramePng) -> Answer:
     supervisor = WorkerSupervisor(settings)
     if not supervisor.is_external:
         print(f"deskeye: starting the worker (engine {settings.worker.engine}"
@@ -128,6 +160,7 @@ def _ask_once(settings: Settings, question: str, png: bytes, windows: tuple = ()
     client = WorkerClient(supervisor, settings)
     try:
         supervisor.start()
+        png, windows = frame(client.limits())
         return client.ask(question, png, windows=windows)
     finally:
         client.close()

@@ -1,5 +1,5 @@
-"""The app's own words to the model: system prompt, describe question, the answer schema it asks for,
-and the two data types that carry a conversation (`Turn`) and an answer (`Description`).
+"""The app's own words to the model: system prompt, describe question (both in the user's language), the answer
+schema it asks for, and the two data types that carry a conversation (`Turn`) and an answer (`Description`).
 
 Messages are OpenAI chat completions (any OpenAI-compatible server can answer them). The schema is the app's: a
 worker serves whatever schema a request carries. The worker knows only the bounds its OCR engine writes within
@@ -13,6 +13,8 @@ import base64
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from deskeye.language import ENGLISH, answer_language
 
 SUMMARY_MAX_CHARS = 200
 OBJECT_MAX_CHARS = 40
@@ -70,6 +72,15 @@ SYSTEM_PROMPT = (
     "and 'key_objects': the few things on screen that matter."
 )
 DESCRIBE_QUESTION = "What is on this screen?"
+# The describe question in each language DeskEye speaks (deskeye/language.py), so that a model (and the OCR engine,
+# which reads only the question) sees the user's language; none has a content word the OCR engine would quote back.
+DESCRIBE_QUESTIONS = {"en": DESCRIBE_QUESTION, "zh_CN": "屏幕上有什么？", "zh_TW": "螢幕上有什麼？"}
+# The sentence that asks for the answer's language, ending the system prompt. It names the language in English (the
+# prompt's language) and in itself: small models follow that more reliably than the name alone.
+ANSWER_LANGUAGE_NAMES = {"en": "English", "zh_CN": "Simplified Chinese (简体中文)",
+                         "zh_TW": "Traditional Chinese (繁體中文)"}
+ANSWER_LANGUAGE_SENTENCE = ("Write the summary and the key_objects in {name}, whatever language the screen is in; "
+                            "keep names, numbers and code as they are on the screen.")
 
 
 @dataclass(frozen=True)
@@ -133,11 +144,24 @@ def bound_memory(memory: list[Turn]) -> tuple[list[Turn], int]:
     return kept, len(memory) - len(kept)
 
 
+def describe_question(language: str) -> str:
+    """The question a describe asks, in `language` ("en", "zh_CN", "zh_TW")."""
+    return DESCRIBE_QUESTIONS[language]
+
+
+def system_prompt(language: str) -> str:
+    """The system prompt asking for an answer in `language`."""
+    return f"{SYSTEM_PROMPT} {ANSWER_LANGUAGE_SENTENCE.format(name=ANSWER_LANGUAGE_NAMES[language])}"
+
+
 def build_messages(question: str, image_png: bytes | None, memory: list[Turn] = (),
-                   context: str | None = None) -> list[dict[str, Any]]:
+                   context: str | None = None, *, language: str = ENGLISH) -> list[dict[str, Any]]:
     """OpenAI-format messages: system prompt, previous turns, then the question with the frame, as given (the app's
-    client bounds the question and the turns first: `bound_question`, `bound_memory`)."""
-    system = SYSTEM_PROMPT if not context else f"{SYSTEM_PROMPT}\nText read on the screen:\n{context}"
+    client bounds the question and the turns first: `bound_question`, `bound_memory`). The model is asked to answer
+    in the user's `language`, or in Chinese for a question asked in Chinese (`answer_language`)."""
+    system = system_prompt(answer_language(question, language))
+    if context:
+        system = f"{system}\nText read on the screen:\n{context}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     for turn in memory:
         messages.append({"role": "user", "content": turn.question})

@@ -7,7 +7,7 @@ deskeye/settings_cli.py; an option's `# comment` here describes it unless that f
 Every number carries its allowed range (`_bounded`): a value that is not finite or out of range is refused
 at load, naming the key and the range, instead of breaking a timer or a font later. The file itself must be
 a regular UTF-8 file of at most MAX_SETTINGS_FILE_BYTES (a folder, a FIFO or a device is refused before it is
-read, so nothing blocks), and settings are written atomically (`write_file_atomically`).
+read, so nothing blocks: deskeye/files.py).
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import stat
-import tempfile
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
 from deskeye.errors import SettingsError
+from deskeye.files import read_regular_text
 
 MAX_SETTINGS_FILE_BYTES = 1 << 20     # a settings file is a few KB; a bigger "file" is a mistake (or /dev/zero)
 _BOUNDS = "deskeye.bounds"            # dataclass field metadata key
@@ -73,9 +72,38 @@ def package_rules_dir() -> Path:
     return Path(str(files("deskeye") / "rules"))
 
 
+# Private browser windows: the words each browser writes into a private window's title, in English, simplified and
+# traditional Chinese (matched case-insensitively anywhere in a title; deskeye/see/privacy.py also knows a browser
+# started private by its command line, whatever the language). Where each comes from:
+PRIVATE_WINDOW_TITLES = [
+    # Firefox, on every page: "<page> — Mozilla Firefox Private Browsing" (browser.ftl
+    # browser-main-private-window-title, en-US), "… 隐私浏览" (zh-CN) and "… 隱私瀏覽模式" (zh-TW; older "… 隱私瀏覽"):
+    # mozilla-l10n/firefox-l10n {zh-CN,zh-TW}/browser/browser/browser.ftl browser-main-window-titles; seen so on
+    # Firefox ESR 153 windows (X11).
+    "Private Browsing", "隐私浏览", "隱私瀏覽",
+    # Chromium and Chrome, on the new-tab page only: "New Incognito Tab - Chromium", "新的无痕式标签页 - Chromium",
+    # "新無痕分頁 - Chromium" (IDS_NEW_INCOGNITO_TAB_TITLE in Chromium 156's locales/zh-CN.pak and zh-TW.pak, seen
+    # as X11 window titles). Any other page's title says nothing: the command line is the only sign then.
+    "Incognito", "无痕", "無痕",
+    # Microsoft Edge keeps its word "InPrivate" untranslated; its new-tab page is "New InPrivate tab" (Edge is
+    # closed source: not checked on a real Edge window).
+    "InPrivate",
+    # Brave says "Private" where Chromium says "Incognito", on its private new-tab page only: "New Private Tab -
+    # Brave", "新无痕标签页 - Brave" (already matched by "无痕" above), "新隱私分頁 - Brave". From brave/brave-core:
+    # IDS_NEW_INCOGNITO_TAB_TITLE "New Private Tab" in components/new_or_sad_tab_strings.grdp (grit message id
+    # 8326104954595890674), translated in components/strings/components_strings_zh-CN.xtb (commit affd7d89) and
+    # components_strings_zh-TW.xtb (commit 02f4b612); " - Brave" is IDS_BROWSER_WINDOW_TITLE_FORMAT
+    # (app/resources/brave_strings_zh-CN.xtb, id 5381622442243174305). The whole zh-TW title, as a bare "隱私" is
+    # in ordinary titles ("隱私權政策"). Not checked on a real Brave window; any other page's title says nothing:
+    # Brave started private is known by its command line in any language.
+    "New Private Tab", "新隱私分頁",
+    # Tor Browser is private whatever its window shows.
+    "Tor Browser",
+]
+
 DEFAULT_EXCLUDED_TITLES = [
     "1Password", "Bitwarden", "KeePass", "KeePassXC", "LastPass", "Dashlane", "Keeper", "Enpass",
-    "Proton Pass", "pass:", "Private Browsing", "InPrivate", "Incognito", "Tor Browser",
+    "Proton Pass", "pass:", *PRIVATE_WINDOW_TITLES,
 ]
 
 
@@ -96,6 +124,10 @@ class CaptureSettings:
         _check_numbers(self, "capture")
         if self.region:
             parse_region(self.region, key="capture.region")
+        for key in ("excluded_titles", "extra_excluded_titles"):     # a blank entry would match nothing, silently
+            for entry in getattr(self, key):
+                _check(isinstance(entry, str) and entry.strip() != "", f"capture.{key}",
+                       "words of a window title (none blank)", value=entry)
 
 
 @dataclass
@@ -115,6 +147,9 @@ class HotkeySettings:
             seen[canonical] = name
 
 
+POSITIONS = ("bottom-right", "top-right", "bottom-left", "top-left")   # overlay.position (deskeye/see/placement.py)
+
+
 @dataclass
 class OverlaySettings:
     fade_after_s: float = _bounded(8.0, 0, 86_400, "seconds", "0 = keep it")   # hide the answer after this
@@ -123,10 +158,10 @@ class OverlaySettings:
     margin_px: int = _bounded(16, 0, 2000, "pixels")
     font_size: int = _bounded(11, 6, 72, "points")
     position: str = "bottom-right"    # corner of the monitor: bottom-right | top-right | bottom-left | top-left
+    speak: bool = False               # read each answer aloud (speech-dispatcher, else espeak-ng)
 
     def __post_init__(self):
         _check_numbers(self, "overlay")
-        from deskeye.placement import POSITIONS
         _check(self.position in POSITIONS, "overlay.position", " | ".join(POSITIONS), value=self.position)
 
 
@@ -211,6 +246,15 @@ class HookSettings:
 
 
 @dataclass
+class UiSettings:
+    language: str = "auto"            # the language DeskEye speaks: auto (the locale's) | en | zh_CN | zh_TW
+
+    def __post_init__(self):
+        from deskeye.language import SETTING_VALUES
+        _check(self.language in SETTING_VALUES, "ui.language", " | ".join(SETTING_VALUES), value=self.language)
+
+
+@dataclass
 class Settings:
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     hotkeys: HotkeySettings = field(default_factory=HotkeySettings)
@@ -220,6 +264,7 @@ class Settings:
     router: RouterSettings = field(default_factory=RouterSettings)
     providers: ProviderSettings = field(default_factory=ProviderSettings)
     hooks: HookSettings = field(default_factory=HookSettings)
+    ui: UiSettings = field(default_factory=UiSettings)
     config_dir: Path = field(default_factory=lambda: default_config_dir())
 
     @property
@@ -262,96 +307,6 @@ def load_settings(path: Path | None = None) -> Settings:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not valid TOML: {exc}") from None
     return settings_from_dict(data, source=str(path), config_dir=path.parent)
-
-
-_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def read_regular_text(path: Path, *, max_bytes: int, what: str, error: type[Exception] = SettingsError) -> str:
-    """The UTF-8 text of a regular file of at most `max_bytes`. A folder, FIFO, device or socket is refused from
-    its stat before it is opened (nothing blocks, /dev/zero is not read), and the file is opened non-blocking and
-    checked again, so one swapped in meanwhile is refused too. A missing file raises FileNotFoundError (the
-    caller decides what that means); anything else raises `error` naming the file, what was wrong and the fix."""
-    try:
-        _check_regular(path, os.stat(path), max_bytes, what, error)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise error(f"{path}: cannot read the {what}: {exc.strerror or exc}.") from None
-    try:
-        _check_regular(path, os.fstat(fd), max_bytes, what, error)
-        data = _read_at_most(fd, max_bytes + 1)
-    except OSError as exc:
-        raise error(f"{path}: cannot read the {what}: {exc.strerror or exc}.") from None
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise error(f"{path}: over {max_bytes} bytes, too large for a {what}; check that the path names the "
-                    "right file.")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not valid UTF-8 at byte offset {exc.start} (0x{data[exc.start]:02x}); "
-                    f"save the {what} as UTF-8.") from None
-
-
-def _check_regular(path: Path, info: os.stat_result, max_bytes: int, what: str, error: type[Exception]) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        kind = next((name for is_kind, name in _FILE_KINDS if is_kind(info.st_mode)), "not a regular file")
-        raise error(f"{path}: is {kind}; the {what} must be a regular file: give the path of one.")
-    if info.st_size > max_bytes:
-        raise error(f"{path}: {info.st_size} bytes, too large for a {what} (at most {max_bytes}); check that "
-                    "the path names the right file.")
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks, size = [], 0
-    while size < limit:
-        chunk = os.read(fd, min(1 << 16, limit - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-def write_file_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` by `data` in one step: a temp file in the same folder (mode 0600), written, fsync'd, then
-    os.replace'd over it. On any failure (a full disk, a size limit, an interrupt) the temp file is removed and
-    raised past: `path` stays as it was, never empty or half written. The folder must exist."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_folder(path.parent)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename itself durable where the platform allows it (best effort: the data is already safe)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def settings_from_dict(data: dict[str, Any], *, source: str = "settings", config_dir: Path | None = None) -> Settings:

@@ -1,5 +1,8 @@
 """`deskeye settings`: show where the settings live and what is in effect; `--init` writes a documented file.
 
+While DeskEye runs with this settings file, what is in effect is the running app's (its run state,
+deskeye/live_settings.py), followed by the values in the file that wait for a restart; else it is the file's.
+
 The documented file is generated from the dataclasses in deskeye/settings.py (names, types, defaults) plus
 the descriptions below (an option missing from the table is described by its `# comment` in settings.py),
 so the file, the docs and the defaults cannot drift apart: a test checks that every option has a
@@ -19,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from deskeye.errors import SettingsError
-from deskeye.settings import Settings, default_settings_path, field_bounds, write_file_atomically
+from deskeye.live_settings import applies_live, running_settings
+from deskeye.files import write_file_atomically
+from deskeye.settings import Settings, default_settings_path, field_bounds
+
+RUNNING_HEADER = "# in effect in the running DeskEye (process {pid}):"
+PENDING_HEADER = "# in the file, pending a restart of DeskEye (the running one keeps the value above):"
+FILE_ERROR_LINE = "# the file's last change was not used: {error}"
+LIVE_NOTE = "A change applies while DeskEye runs."
+LIVE_EXCEPT_NOTE = "A change applies while DeskEye runs, except to {names} (restart DeskEye)."
+RESTART_NOTE = "A change applies when DeskEye restarts."
 
 SECTION_DESCRIPTIONS = {
     "capture": "What part of the screen DeskEye watches, and how often.",
@@ -31,6 +43,7 @@ SECTION_DESCRIPTIONS = {
     "router": "Routing of typed questions to quick / standard / deep answers.",
     "providers": "Local data sources for quick answers (calendar, mail).",
     "hooks": "Automation hooks fired by detected key objects.",
+    "ui": "DeskEye's own words: the tray, the Ask box, the overlay's notices, and the language answers are asked in.",
 }
 
 DESCRIPTIONS = {
@@ -145,7 +158,7 @@ def documented_toml(settings: Settings | None = None, *, commented: bool = True)
     for section, options in section_fields().items():
         lines.append("")
         if commented:
-            lines += _comment(SECTION_DESCRIPTIONS[section])
+            lines += _comment(f"{SECTION_DESCRIPTIONS[section]} {when_applied(section, options)}")
         lines.append(f"[{section}]")
         for option in options:
             value = getattr(getattr(settings, section), option.name)
@@ -153,6 +166,15 @@ def documented_toml(settings: Settings | None = None, *, commented: bool = True)
                 lines += _comment(f"{describe_option(section, option.name)} ({option_kind(option)})")
             lines.append(f"{option.name} = {toml_value(value)}")
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def when_applied(section: str, options: list[dataclasses.Field]) -> str:
+    """Whether a change to the section's options applies while DeskEye runs (deskeye/live_settings.py)."""
+    live = [option.name for option in options if applies_live(f"{section}.{option.name}")]
+    if not live:
+        return RESTART_NOTE
+    later = [option.name for option in options if option.name not in live]
+    return LIVE_EXCEPT_NOTE.format(names=", ".join(later)) if later else LIVE_NOTE
 
 
 def _comment(text: str) -> list[str]:
@@ -200,5 +222,16 @@ def cmd_settings(args, settings: Settings) -> int:
     else:
         state = "  (empty: the defaults are in effect)" if is_empty_file(path) else ""
     print(f"# settings file: {path}{state}")
-    print(documented_toml(settings, commented=False), end="")
+    running = running_settings(path)
+    if running is None:
+        print(documented_toml(settings, commented=False), end="")
+        return 0
+    print(RUNNING_HEADER.format(pid=running.pid))
+    print(documented_toml(running.in_effect, commented=False), end="")
+    if running.pending:
+        print(PENDING_HEADER)
+        for key, value in running.pending.items():
+            print(f"#   {key} = {toml_value(value)}")
+    if running.file_error:
+        print(FILE_ERROR_LINE.format(error=" ".join(running.file_error.split())))
     return 0

@@ -1,11 +1,27 @@
 """The worker's errors: what a client did wrong (ProtocolError, 4xx) or what the worker could not do for an
 accepted request (ServiceError, 5xx and 503 back-pressure), and why the worker could not start (ConfigError,
 WorkerStartError). Every message is for the user: it says what was wrong and how to fix it. On the wire each
-request error becomes OpenAI's error shape `{"error": {...}}` (`to_body`)."""
+request error becomes OpenAI's error shape `{"error": {...}}` (`ErrorBody`, also the OpenAPI description)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    message: str
+    type: str
+    param: str | None = None            # the field that was wrong; null when no single field was
+    code: int                           # the HTTP status
+
+
+class ErrorBody(BaseModel):
+    """Every error the worker answers: `{"error": {...}}`, OpenAI's shape."""
+    model_config = ConfigDict(extra="allow")
+    error: ErrorDetail
 
 
 def one_line(exc: BaseException, max_chars: int | None = None) -> str:
@@ -27,7 +43,8 @@ class ProtocolError(ValueError):
         self.headers = dict(headers or {})
 
     def to_body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.code, "param": self.param, "code": self.status}}
+        detail = ErrorDetail(message=str(self), type=self.code, param=self.param, code=self.status)
+        return ErrorBody(error=detail).model_dump(mode="json")
 
 
 class PromptTooLongError(ProtocolError):

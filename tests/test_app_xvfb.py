@@ -22,11 +22,15 @@ import pytest
 
 from tests.fixtures.desktop import use_private_xdg_home
 
-from deskeye.app import App, build_app
-from deskeye.overlay import ASK_TITLE, WINDOW_TITLE
+from deskeye.app import App
+from deskeye.compose import build_app
+from deskeye.ui.ask_box import ASK_TITLE
+from deskeye.ui.overlay import WINDOW_TITLE
 from deskeye.settings import settings_from_dict
 from inference_worker.metrics import parse_metrics
 from tests.fixtures.polling import wait_until
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 REGION_GEOMETRY = "800x600+560+240"        # the default capture region: 800x600 centred on 1920x1080
 LINES = ["Quarterly report draft", "Revenue grew by twelve percent", "Costs are under review",
@@ -93,6 +97,9 @@ def press_describe_and_wait(app: App, timeout_s: float = 60.0):
     return shown
 
 
+THREADS_BEFORE_APP: set[threading.Thread] = set()
+
+
 @pytest.fixture(scope="module")
 def desktop(xdisplay, tmp_path_factory):
     """The text window the app watches, then the app (its worker, hotkeys, tray and overlay)."""
@@ -100,6 +107,7 @@ def desktop(xdisplay, tmp_path_factory):
 
     home = tmp_path_factory.mktemp("home")
     restore_xdg = use_private_xdg_home(home)
+    THREADS_BEFORE_APP.update(threading.enumerate())   # the test process runs other files' tests too
     window = open_test_window(xdisplay, "Report - editor", REGION_GEOMETRY, lines=LINES)
     settings = settings_from_dict({
         "capture": {"interval_s": INTERVAL_S, "extra_excluded_titles": ["Secret Vault"]},
@@ -118,6 +126,7 @@ def desktop(xdisplay, tmp_path_factory):
         restore_xdg()
 
 
+@pytest.mark.slow
 def test_an_unchanged_screen_sends_no_request_and_a_changed_line_sends_one(desktop):
     app, window = desktop
     first = settle(app, timeout_s=120)           # the first frame of the window has been described
@@ -134,6 +143,7 @@ def test_an_unchanged_screen_sends_no_request_and_a_changed_line_sends_one(deskt
     assert "Costs were cut by a third" in shown.summary
 
 
+@pytest.mark.slow
 def test_hotkey_shows_the_worker_summary_at_the_bottom_right_without_taking_focus(desktop, xdisplay):
     app, window = desktop
     window.focus()
@@ -155,6 +165,7 @@ def test_hotkey_shows_the_worker_summary_at_the_bottom_right_without_taking_focu
     assert xdotool("getwindowfocus", "getwindowname") == "Report - editor"
 
 
+@pytest.mark.slow
 def test_an_excluded_window_sends_no_request(desktop, open_window):
     app, window = desktop
     before = settle(app)
@@ -172,6 +183,7 @@ def test_an_excluded_window_sends_no_request(desktop, open_window):
     settle(app)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_no_hotkey_press_is_lost(desktop):
     app, window = desktop
     settle(app)
@@ -196,6 +208,7 @@ def test_a_killed_worker_is_restarted_and_no_hotkey_press_is_lost(desktop):
     assert chat_requests(app) >= 1
 
 
+@pytest.mark.slow
 def test_tray_pause_stops_requests_and_resume_restarts_them(desktop):
     app, window = desktop
     actions = app.tray_actions()
@@ -221,6 +234,7 @@ def test_tray_pause_stops_requests_and_resume_restarts_them(desktop):
     assert app.tray.state == "idle"
 
 
+@pytest.mark.slow
 def test_tray_ask_routes_quick_standard_and_deep_questions(desktop, notification_server):
     app, window = desktop
     before = settle(app)
@@ -277,13 +291,14 @@ def test_quit_stops_every_thread_and_the_worker(desktop):
     assert app.wait(30)
     assert not psutil.pid_exists(worker_pid)
     def non_daemon_threads():
-        return [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+        return [t.name for t in threading.enumerate() if not t.daemon and t not in THREADS_BEFORE_APP]
     assert wait_until(lambda: not non_daemon_threads(), 10), non_daemon_threads()
     assert not app.overlay.is_running
     assert app.memory.turns() == []
     assert not xdotool("search", "--name", WINDOW_TITLE)
 
 
+@pytest.mark.slow
 def test_deskeye_run_serves_a_hotkey_and_exits_cleanly_on_sigterm(xdisplay, tmp_path, open_window):
     """`deskeye run` as a user starts it: a real process with its own worker child."""
     open_window("Report - editor", REGION_GEOMETRY, lines=LINES)
@@ -312,12 +327,12 @@ def test_deskeye_run_serves_a_hotkey_and_exits_cleanly_on_sigterm(xdisplay, tmp_
 
 def test_frames_are_written_to_disk_only_when_debug_save_frames_dir_is_set(xdisplay, tmp_path):
     frames_dir = tmp_path / "frames"
-    quiet = App(settings_from_dict({}, config_dir=tmp_path / "a"), use_tray=False, use_hotkeys=False)
-    debug = App(settings_from_dict({"capture": {"debug_save_frames_dir": str(frames_dir)}},
-                                   config_dir=tmp_path / "b"), use_tray=False, use_hotkeys=False)
+    quiet = build_app(settings_from_dict({}, config_dir=tmp_path / "a"), use_tray=False, use_hotkeys=False)
+    debug = build_app(settings_from_dict({"capture": {"debug_save_frames_dir": str(frames_dir)}},
+                                         config_dir=tmp_path / "b"), use_tray=False, use_hotkeys=False)
     frame = quiet.grabber.grab()
-    assert quiet._png(frame) == frame.png()
+    assert quiet.answering._png(frame) == frame.png()
     assert not frames_dir.exists() and not any(tmp_path.rglob("*.png"))
-    png = debug._png(frame)
+    png = debug.answering._png(frame)
     assert [p.read_bytes() for p in frames_dir.iterdir()] == [png]
     quiet.grabber.close_thread()

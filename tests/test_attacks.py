@@ -27,6 +27,8 @@ from deskeye.prompt import deskeye_response_format
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import running_worker
 
+pytestmark = [pytest.mark.subprocess]
+
 CHAT = "/v1/chat/completions"
 SCREEN_LINES = ["Quarterly budget review", "Invoice 4471 overdue"]
 
@@ -121,6 +123,7 @@ def remote_schemas(port: int) -> dict[str, dict]:
     }
 
 
+@pytest.mark.slow
 def test_a_remote_ref_is_refused_and_never_fetched(ocr_worker, screen_png, listener):
     for name, schema in remote_schemas(listener.port).items():
         status, body = ocr_worker.request("POST", CHAT, chat(screen_png, schema=schema))
@@ -290,6 +293,7 @@ def fake_ghostscript(bin_dir: Path, canary: Path) -> None:
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.slow
 def test_eps_never_reaches_ghostscript(tmp_path, monkeypatch, screen_png):
     canary = tmp_path / "gs-ran"
     fake_ghostscript(tmp_path / "bin", canary)
@@ -325,6 +329,7 @@ def test_a_huge_question_does_not_hold_the_ocr_engine(ocr_worker, screen_png):
     assert ocr_worker.request("GET", "/health", auth=False, timeout_s=1.0)[0] == 200
 
 
+@pytest.mark.slow
 def test_hostile_screen_text_is_matched_in_bounded_time():
     """Screen text is attacker content too (a web page): 60 lines of 4,000 'a.' would take the vocabulary's
     patterns ~1 s each; only a line's start is matched."""

@@ -23,11 +23,13 @@ import torch
 from transformers import DynamicCache, MiniCPMV4_6ForConditionalGeneration
 
 from inference_worker.engines.hf import cache_ops
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
 from inference_worker.engines.hf.packed_images import pack_image_inputs
 from tests.fixtures.chat_requests import chat_request, png_bytes
 from tests.fixtures.forward_spy import recording_forwards
 from tests.test_continuous_batching import assert_same_logits
+
+pytestmark = [pytest.mark.model]
 
 KV_BYTES = 64 * 1024 * 1024
 #: (question, colour, image size): prompts of five lengths, images of three shapes (8x8, 6x12, 12x6 patches: two
@@ -41,8 +43,8 @@ ROWS = [("What is on this screen right now, exactly?", (220, 30, 30), (112, 112)
 
 @pytest.fixture(scope="module")
 def engine(tiny_minicpmv46_dir):
-    engine = load_transformers_engine(str(tiny_minicpmv46_dir), device="cpu", num_threads=1, progress=False,
-                                      kv_cache_bytes=KV_BYTES)
+    engine = load_hf_engine(str(tiny_minicpmv46_dir), EngineOptions(device="cpu", num_threads=1,
+                                                                    kv_cache_bytes=KV_BYTES), progress=False)
     engine.decoder.keep_logits = True
     yield engine
     engine.close()
@@ -50,7 +52,7 @@ def engine(tiny_minicpmv46_dir):
 
 def prepared(engine, i: int, *, max_tokens: int = 12, is_kept: bool = False):
     question, color, size = ROWS[i]
-    item = engine.prepare(*chat_request(question, png_bytes(color, size), max_tokens=max_tokens, temperature=0))
+    item = engine.prepare(chat_request(question, png_bytes(color, size), max_tokens=max_tokens, temperature=0)[0])
     if not is_kept:
         item.inputs.frame = None                     # reuse off for this row: nothing to keep
     return item
@@ -127,6 +129,7 @@ VARIANTS = {"fixture": {}, "full-first": {"layer_types": ["full_attention", "lin
             "slow-decay": {"is_slow_decay": True}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_left_padding_leaves_every_row_state_as_a_solo_prefill(engine, name):
     model = variant(engine.model, **VARIANTS[name]) if VARIANTS[name] else engine.model
@@ -241,6 +244,7 @@ def join(engine, items, join_at: dict[int, list[int]]):
     return results
 
 
+@pytest.mark.slow
 def test_cold_joiners_prefilled_together_get_their_solo_logits_at_every_step(engine):
     """Rows 1-3 join together mid-decode (one 3-row prefill), row 4 joins later alone: all greedy, first-token and
     every step's logits within 1e-5 of each row decoded alone."""
@@ -255,6 +259,7 @@ def test_cold_joiners_prefilled_together_get_their_solo_logits_at_every_step(eng
     assert results[4].batch_size > 1                      # row 4 joined a running decode
 
 
+@pytest.mark.slow
 def test_joiners_whose_frames_are_kept_prefill_prefixes_together_then_equal_suffixes_together(engine):
     """With the FrameCache on, a miss keeps its frame's prefix state (for a hybrid cache: the state *after* the
     prefix). The joiners' prefixes go through one forward, the two suffixes of one length through one more, the
@@ -282,6 +287,7 @@ def test_joiners_whose_frames_are_kept_prefill_prefixes_together_then_equal_suff
     engine.frame_cache.clear()
 
 
+@pytest.mark.slow
 def test_an_exact_hit_joining_with_cold_rows_prefills_only_its_suffix_beside_their_group(engine):
     engine.frame_cache.clear()
     alone = [solo(engine, prepared(engine, i)) for i in range(4)]
@@ -300,6 +306,7 @@ def test_an_exact_hit_joining_with_cold_rows_prefills_only_its_suffix_beside_the
     engine.frame_cache.clear()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("is_kept", [False, True], ids=["reuse-off", "frame-kept"])
 def test_a_failing_group_forward_leaves_its_rows_prefilled_alone(engine, is_kept):
     """reuse off: the 3-row whole-prompt forward fails. frame kept: the 3-row prefix forward succeeds and the 2-row
@@ -328,15 +335,16 @@ def test_rows_of_stacking_families_and_packed_ones_group_by_their_own_layout(eng
     """MiniCPM-V rows with images of different shapes share one packed forward; a row without an image does not."""
     from inference_worker.engines.hf.packed_images import packed_image_layout
 
-    assert engine.decoder.can_prefill_together and engine.decoder.packs_images
+    assert engine.decoder.together is not None and engine.decoder.together.packs_images
 
     rows = inputs_of(engine, range(4))
     assert len({packed_image_layout(r.vision) for r in rows}) == 1
-    text_only = engine.prepare(*chat_request("Hello?", None, max_tokens=4)).inputs
+    text_only = engine.prepare(chat_request("Hello?", None, max_tokens=4)[0]).inputs
     assert packed_image_layout(text_only.vision) == ()
     assert packed_image_layout({"pixel_values": rows[0].vision["pixel_values"][0]}) is None
 
 
+@pytest.mark.slow
 def test_the_prefill_benchmark_runs_and_its_two_ways_agree(tmp_path):
     """benchmarks/prefill.py, cut short: every (family, reuse, rows) cell timed, and together == one by one."""
     import json

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from inference_worker.config import WorkerConfig
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
+from inference_worker.engines.base import run_one
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import parse_chat_request
 from deskeye.prompt import build_messages, deskeye_response_format
@@ -21,6 +22,8 @@ from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.forward_spy import recording_forwards
 from tests.fixtures.polling import wait_until
 from tests.fixtures.worker import running_worker
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 COLORS = [(220, 30, 30), (30, 160, 60), (30, 30, 220), (200, 200, 30), (30, 200, 200), (200, 30, 200),
           (120, 60, 10), (10, 60, 120)]
@@ -31,7 +34,7 @@ LONG_WINDOW_MS = "3000,3000,3000"      # batches wait for all 8; a full batch st
 
 @pytest.fixture(scope="module")
 def engine(tiny_idefics3_dir):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield engine
     engine.close()
 
@@ -50,14 +53,14 @@ def mixed_requests():
 
 def run_batch(engine, requests) -> dict:
     answers = {}
-    engine.run_batch([engine.prepare(r, images) for r, images in requests],
+    engine.run_batch([engine.prepare(r) for r, images in requests],
                      lambda index, answer: answers.__setitem__(index, answer))
     return answers
 
 
 def test_batched_rows_each_equal_their_solo_run(engine):
     requests = mixed_requests()
-    solo = [engine.complete(request, images) for request, images in requests]
+    solo = [run_one(engine, request) for request, images in requests]
     batched = run_batch(engine, requests)
 
     assert sorted(batched) == list(range(len(requests)))
@@ -65,8 +68,8 @@ def test_batched_rows_each_equal_their_solo_run(engine):
         together = batched[index]
         assert (together.text, together.finish_reason, together.completion_tokens) == (
             alone.text, alone.finish_reason, alone.completion_tokens), f"row {index}"
-        assert together.extra["batch_size"] == len(requests) and alone.extra["batch_size"] == 1
-        assert together.extra["constrained"] == (requests[index][0].json_schema is not None)
+        assert together.facts.batch_size == len(requests) and alone.facts.batch_size == 1
+        assert together.facts.constrained == (requests[index][0].json_schema is not None)
     assert [batched[i].completion_tokens for i in (1, 4)] == [5, 9]          # each row's own token limit
 
 
@@ -76,7 +79,7 @@ def test_a_short_row_is_answered_while_longer_rows_still_decode(engine):
                 for q, c, n in zip(QUESTIONS, COLORS, (40, 3, 12))]
     done = []
     with recording_forwards(engine, lambda kwargs: calls.append(kwargs["input_ids"].shape)):
-        engine.run_batch([engine.prepare(r, images) for r, images in requests],
+        engine.run_batch([engine.prepare(r) for r, images in requests],
                          lambda index, answer: done.append((index, len(calls), answer.completion_tokens)))
 
     assert [index for index, _, _ in done] == [1, 2, 0]
@@ -91,7 +94,7 @@ def test_one_thread_calls_the_model_and_preprocessing_runs_off_it(tiny_idefics3_
     model_threads, prepare_threads = set(), set()
 
     def load_with_spies(progress):
-        engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+        engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
         prepare = engine.prepare
         for module in engine.model.modules():          # every call into the model, its text decoder included
             module.register_forward_pre_hook(lambda *_: model_threads.add(threading.current_thread().name))
@@ -115,7 +118,7 @@ def test_one_thread_calls_the_model_and_preprocessing_runs_off_it(tiny_idefics3_
     assert all(a.completion_tokens == 6 for a in answers)
     assert model_threads == {"deskeye-model"}
     assert prepare_threads and all(name.startswith("deskeye-prepare") for name in prepare_threads)
-    assert max(a.extra["batch_size"] for a in answers) > 1
+    assert max(a.facts.batch_size for a in answers) > 1
 
 
 def all_at_once(call, items) -> list:
@@ -152,6 +155,7 @@ def deskeye_body(question: str, color) -> dict:
             "response_format": deskeye_response_format(), "temperature": 0, "max_tokens": 200}
 
 
+@pytest.mark.slow
 def test_eight_requests_sent_together_are_batched_and_each_gets_its_solo_answer(tiny_worker, batch_worker):
     bodies = [deskeye_body(q, c) for q, c in zip(QUESTIONS, COLORS)]
     solo = [tiny_worker.request("POST", "/v1/chat/completions", body) for body in bodies]   # one at a time
@@ -182,6 +186,7 @@ def metrics_after(worker, before: dict, *, num_requests: int) -> dict:
     return wait_until(counted) or worker.metrics()
 
 
+@pytest.mark.slow
 def test_metrics_show_queue_window_load_and_cache(tiny_worker):
     before = tiny_worker.metrics()
     status, body = tiny_worker.request("POST", "/v1/chat/completions", deskeye_body("Anything?", (1, 2, 3)))
@@ -195,6 +200,7 @@ def test_metrics_show_queue_window_load_and_cache(tiny_worker):
     assert "deskeye_worker_queue_depth" in after
 
 
+@pytest.mark.slow
 def test_metrics_show_where_the_model_threads_time_went(tiny_worker):
     """The model thread's wall and CPU time in model calls and the process's CPU advance with a request; the thread's
     CPU never exceeds its wall time (what is left it waited for the GIL or a core). benchmarks.throughput reads these."""
@@ -215,8 +221,8 @@ def test_a_row_the_model_cannot_prefill_fails_alone(engine):
     """An engine failure on one request (here: its image tensor cut in half, as a broken processor output would
     be) is that request's answer; the rows batched with it are answered as if it were not there."""
     requests = [chat_request(q, png_bytes(c), max_tokens=8) for q, c in zip(QUESTIONS[:3], COLORS)]
-    solo = [engine.complete(r, images) for r, images in requests]
-    items = [engine.prepare(r, images) for r, images in requests]
+    solo = [run_one(engine, r) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     pixels = items[1].inputs.vision["pixel_values"]
     items[1].inputs.vision["pixel_values"] = pixels[..., : pixels.shape[-1] // 2]
     answers = {}
@@ -224,4 +230,4 @@ def test_a_row_the_model_cannot_prefill_fails_alone(engine):
 
     assert isinstance(answers[1], Exception)
     assert [answers[i].text for i in (0, 2)] == [solo[0].text, solo[2].text]
-    assert answers[0].extra["batch_size"] == 2          # the rows that decoded together: the failed one never did
+    assert answers[0].facts.batch_size == 2          # the rows that decoded together: the failed one never did

@@ -4,6 +4,8 @@ prints, and this shared 2-core machine is too noisy to test it."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from numbers import Number
 
@@ -14,6 +16,7 @@ def _is_number(value) -> bool:
     return isinstance(value, Number) and not isinstance(value, bool)
 
 
+@pytest.mark.slow
 def test_throughput_smoke_writes_every_section(tmp_path):
     out = tmp_path / "throughput.json"
     assert throughput.main(["--smoke", "--json-out", str(out)]) == 0
@@ -76,3 +79,57 @@ def test_the_speedup_target_is_the_median_of_each_rounds_own_ratio():
     batched, single, speedup = throughput.speedup_over_rounds(rows, "json", 8)
     assert (batched, single, speedup) == (41.0, 10.0, 4.1)
     assert throughput.speedup_over_rounds(rows, "free", 8) == (None, None, None)
+
+
+def wayland_smoke(test):
+    """A benchmark smoke test on a real desktop (headless GNOME, Xvfb): slow, with a desktop and subprocesses."""
+    for mark in (pytest.mark.desktop, pytest.mark.subprocess, pytest.mark.slow):
+        test = mark(test)
+    return test
+
+
+@wayland_smoke
+def test_app_idle_measures_deskeye_run_on_gnome(tmp_path):
+    """`benchmarks.app_idle --desktop gnome`: the real `deskeye run --engine ocr` inside a headless GNOME session,
+    which described the native window once (through the portal's ScreenCast) before the window was measured."""
+    from benchmarks import app_idle
+
+    out = tmp_path / "app_idle.json"
+    assert app_idle.main(["--desktop", "gnome", "--minutes", "0.05", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    (row,) = report["rows"]
+    assert (report["desktop"], row["desktop"], row["case"]) == ("gnome", "gnome", "static screen")
+    assert row["capture"] == "xdg-desktop-portal ScreenCast (GNOME)" and row["window_s"] == 3.0
+    for key in ("cpu_percent_of_one_core", "app_cpu_percent", "worker_cpu_percent", "desktop_cpu_percent",
+                "describes_per_minute", "load_1min"):
+        assert _is_number(row[key]) and row[key] >= 0, (key, row)
+    assert {"gnome-shell", "Xwayland", "pipewire"} <= set(row["desktop_programs"]), row     # counted as the desktop
+    said = "\n".join(row["app_said"])
+    assert "Traceback" not in said and "capture failed" not in said.lower(), said
+
+
+@wayland_smoke
+def test_portal_capture_times_screencast_screenshot_and_mss(tmp_path):
+    """`benchmarks.portal_capture` on GNOME (ScreenCast, Screenshot) and Xvfb (mss), a few grabs each: every change
+    of the window's colour is seen and timed, and the screenshots show the window (not black, not the desktop).
+    sway's Screenshot is left out: its portal writes the fixed /tmp/out.png, which tests/test_wayland_privacy.py
+    uses in another test process."""
+    from benchmarks import portal_capture
+
+    out = tmp_path / "portal_capture.json"
+    assert portal_capture.main(["--desktops", "gnome,x11", "--grabs", "3", "--shots", "2", "--static-s", "1",
+                                "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    rows = {(row["desktop"], row["backend"]): row for row in report["rows"]}
+    streamed, shot = rows[("gnome", "xdg-desktop-portal ScreenCast (GNOME)")], rows[
+        ("gnome", "xdg-desktop-portal Screenshot (GNOME)")]
+    mss = next(row for (desktop, _), row in rows.items() if desktop == "x11")
+    assert len(rows) == 3 and mss["backend"].startswith("mss on the X display"), list(rows)
+    for row in (streamed, mss):
+        assert row["damage_to_frame"]["n"] + row["unmatched_changes"] == 3, row["raw"]
+        assert row["damage_to_frame"]["n"] >= 2, row["raw"]
+        assert all(_is_number(row[part][key]) and row[part][key] > 0
+                   for part in ("grab_call", "damage_to_frame") for key in ("p50_ms", "p90_ms")), row
+    assert isinstance(streamed["frames_while_static"], int) and streamed["frames_while_static"] >= 0, streamed
+    assert shot["grab_call"]["n"] == 2 and _is_number(shot["grab_call"]["p50_ms"]), shot
+    assert shot["raw"]["colours_seen"] >= 1, shot["raw"]      # the window's colour, in the portal's picture

@@ -11,6 +11,8 @@ from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
 from inference_worker.engines.hf import cache_ops
 
+pytestmark = [pytest.mark.model]
+
 LENGTHS = (5, 9, 3)
 
 

@@ -1,4 +1,5 @@
-"""Screen capture, change detection and the privacy check on a real X server (Xvfb) with real windows."""
+"""Screen capture, change detection and the privacy check on a real X server (Xvfb) with real windows; the session
+deciding the capture backend, and a black grab refused where the screen is not known to be black."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 import pytest
 from PIL import Image
 
-from deskeye.capture import Rect, ScreenGrabber, grab_png, resolve_region
-from deskeye.change import ChangeDetector
+from deskeye.see.capture import Rect, ScreenGrabber, grab_png, is_black, resolve_region
+from deskeye.see.change import ChangeDetector
 from deskeye.errors import CaptureError, SettingsError
-from deskeye.privacy import active_window_title, check_privacy, matching_exclusion
+from deskeye.see.privacy import active_window_title, check_privacy, matching_exclusion
+from deskeye.see.session import Session, SessionType
 from deskeye.settings import CaptureSettings, Settings
+
+pytestmark = [pytest.mark.desktop]
 
 # 400x300 window at (560, 240): the top-left of the default 800x600 region centred on 1920x1080.
 BLOCKS = [(0, 0, 200, 150, "#ff0000"), (200, 0, 200, 150, "#00ff00"),
@@ -124,3 +128,46 @@ def test_the_active_window_title_is_read_and_matched_case_insensitively(xdisplay
     assert matching_exclusion("Mozilla Firefox (PRIVATE BROWSING)", ["private browsing"]) == "private browsing"
     assert matching_exclusion("Notes - editor", Settings().excluded_titles) == ""
     assert matching_exclusion(None, ["x"]) == ""
+
+
+@pytest.mark.parametrize("environ, kind", [
+    ({"XDG_SESSION_TYPE": "x11", "DISPLAY": ":0"}, SessionType.X11),
+    ({"XDG_SESSION_TYPE": "wayland", "DISPLAY": ":1", "WAYLAND_DISPLAY": "wayland-0"}, SessionType.WAYLAND),
+    ({"XDG_SESSION_TYPE": "wayland", "DISPLAY": ":1"}, SessionType.WAYLAND),          # the login manager said so
+    ({"DISPLAY": ":1", "WAYLAND_DISPLAY": "wayland-0"}, SessionType.WAYLAND),         # a terminal in the session
+    ({"XDG_SESSION_TYPE": "tty", "DISPLAY": "localhost:10.0"}, SessionType.X11),      # ssh -X
+    ({"XDG_SESSION_TYPE": "x11", "DISPLAY": ":0", "WAYLAND_DISPLAY": "wayland-1"}, SessionType.X11),  # nested
+    ({"XDG_SESSION_TYPE": "tty"}, SessionType.NONE),
+])
+def test_the_session_decides_the_capture_backend(environ, kind):
+    session = Session.detect(environ, platform="linux")
+    assert session.kind == kind
+    if kind == SessionType.X11:
+        session.check_can_capture()
+        return
+    with pytest.raises(CaptureError) as refused:
+        session.check_can_capture()
+    if kind == SessionType.NONE:
+        assert "DISPLAY is not set" in str(refused.value) and "--image FILE" in str(refused.value)
+    else:
+        assert str(refused.value).startswith("This is a Wayland session (WAYLAND_DISPLAY=")
+        assert "X11 capture through Xwayland is black on Wayland" in str(refused.value)
+        assert 'choose "GNOME on Xorg" or "Plasma (X11)"' in str(refused.value)
+    assert Session.detect(environ, platform="darwin").kind == SessionType.NATIVE
+
+
+def test_a_black_window_over_the_region_is_refused_but_the_black_desktop_background_is_not(xdisplay, open_window):
+    """Xvfb's root is black: with nothing in the region that is the screen, and it is grabbed. A black window there
+    (a video player, a window that draws nothing) is refused with the cause and the fix, never described."""
+    empty = ScreenGrabber(CaptureSettings(region="1500,700,300,200"))
+    frame = empty.grab()
+    assert is_black(frame.image) and frame.windows == ()
+
+    open_window("Video - player", "400x300+1450+650", blocks=[(0, 0, 400, 300, "#000000")])
+    with pytest.raises(CaptureError) as refused:
+        empty.grab()
+    message = str(refused.value)
+    assert message.startswith("The screen grab of 300x200 at 1500,700 is uniformly black, so DeskEye does not "
+                              "describe it. If a black window covers that region, move it")
+    assert 'choose "GNOME on Xorg" or "Plasma (X11)"' in message
+    empty.close_thread()

@@ -1,19 +1,24 @@
-"""Meaningful change (deskeye/change.py) and masking of DeskEye's own windows (deskeye/capture.py) on a real
+"""Meaningful change (deskeye/see/change.py) and masking of DeskEye's own windows (deskeye/see/capture.py) on a real
 X server: a real Tk overlay, Ask box and menu over the watched region, real mss grabs."""
 
 from __future__ import annotations
+
+import pytest
 
 import subprocess
 
 from PIL import Image, ImageDraw
 
-from deskeye.capture import MASK_COLOUR, ScreenGrabber
-from deskeye.change import Change, ChangeDetector
-from deskeye.menu import MenuActions
-from deskeye.overlay import ASK_TITLE, Kind, Overlay, OverlayContent
+from deskeye.see.capture import MASK_COLOUR, ScreenGrabber
+from deskeye.see.change import Change, ChangeDetector
+from deskeye.ui.menu import MenuActions
+from deskeye.ui.ask_box import ASK_TITLE
+from deskeye.ui.overlay import Kind, Overlay, OverlayContent
 from deskeye.settings import CaptureSettings, OverlaySettings
-from deskeye.x11_windows import OwnWindows
+from deskeye.see.x11_windows import OwnWindows
 from tests.fixtures.polling import wait_until
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 
 def screen(lines: list[str], clock: str = "", size=(800, 600)) -> Image.Image:
@@ -55,6 +60,7 @@ def xdotool(*args: str) -> str:
     return subprocess.run(["xdotool", *args], capture_output=True, text=True, timeout=10).stdout.strip()
 
 
+@pytest.mark.slow
 def test_the_overlay_ask_box_and_menu_are_masked_out_of_frames_wherever_they_are(xdisplay, open_window):
     open_window("Report", "800x600+100+100", lines=["Quarterly report draft", "Costs are under review"])
     own = OwnWindows()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from deskeye.client import WorkerClient, partial_summary
+from deskeye.worker.client import WorkerClient, partial_summary
 from deskeye.errors import AnswerError
-from deskeye.supervisor import WorkerSupervisor
+from deskeye.worker.supervisor import WorkerSupervisor
 from tests.fixtures.text_image import render_text_png
 from tests.test_supervisor import ocr_settings
+
+pytestmark = [pytest.mark.subprocess]
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +24,7 @@ def client(tmp_path_factory):
     supervisor.stop()
 
 
+@pytest.mark.slow
 def test_on_text_gets_the_summary_as_it_grows_and_ask_returns_the_whole_answer(client):
     png = render_text_png(["Quarterly budget review", "Meeting at 3pm in room 4", "Revenue up 12%"])
     seen: list[str] = []

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from inference_worker.engines.base import RowCancelled
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.forward_spy import recording_forwards
+
+pytestmark = [pytest.mark.model]
 
 KV_BYTES = 64 * 1024 * 1024
 COLORS = [(220, 30, 30), (30, 160, 60), (30, 30, 220), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
@@ -24,8 +26,8 @@ QUESTIONS = ["What is on this screen?", "Which window has focus?", "List the but
 @pytest.fixture(scope="module", params=["idefics3", "llava", "minicpmv46"])
 def engine(request):
     folder = request.getfixturevalue(f"tiny_{request.param}_dir")
-    engine = load_transformers_engine(str(folder), device="cpu", num_threads=1, progress=False,
-                                      kv_cache_bytes=KV_BYTES)
+    engine = load_hf_engine(str(folder), EngineOptions(device="cpu", num_threads=1, kv_cache_bytes=KV_BYTES),
+                            progress=False)
     engine.decoder.keep_logits = True
     yield engine
     engine.close()
@@ -46,7 +48,7 @@ def requests_for_join():
 def solo(engine, request, images):
     """The row decoded alone, with the frame cache out of the way (a cold prefill)."""
     results = []
-    item = engine.prepare(request, images)
+    item = engine.prepare(request)
     item.inputs.frame = None
     engine.decoder.run([engine.decoder_row(item)], lambda index, result: results.append(result))
     assert not isinstance(results[0], Exception), results[0]
@@ -77,10 +79,11 @@ def assert_same_logits(batched, alone, label: str) -> None:
             f"{label} step {step}: logits differ by {(x[finite] - y[finite]).abs().max():.2e}"
 
 
+@pytest.mark.slow
 def test_rows_joining_mid_decode_get_the_logits_they_get_alone(engine):
     requests = requests_for_join()
     alone = [solo(engine, r, images) for r, images in requests]
-    items = [engine.prepare(r, images) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     for item in items:
         item.inputs.frame = None                       # cold prefills here; exact hits below
     results = joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
@@ -103,9 +106,9 @@ def test_a_row_joining_on_an_exact_frame_hit_prefills_only_its_suffix_and_matche
     alone = solo(engine, other, other_images)
     engine.frame_cache.clear()
 
-    warm = engine.prepare(first, first_images)
+    warm = engine.prepare(first)
     engine.run_batch([warm], lambda index, answer: None)               # stores the frame's prefix
-    items = [engine.prepare(long, long_images), engine.prepare(other, other_images)]
+    items = [engine.prepare(long), engine.prepare(other)]
     forwards = []
 
     def count(kwargs):
@@ -121,10 +124,11 @@ def test_a_row_joining_on_an_exact_frame_hit_prefills_only_its_suffix_and_matche
     assert (1, items[1].inputs.num_tokens) not in forwards
 
 
+@pytest.mark.slow
 def test_a_failing_completion_callback_fails_only_its_row(engine):
     requests = requests_for_join()[:3]
     alone = [solo(engine, r, images) for r, images in requests]
-    items = [engine.prepare(r, images) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     seen: dict[int, list] = {0: [], 1: [], 2: []}
 
     def on_done(index, answer):
@@ -138,11 +142,12 @@ def test_a_failing_completion_callback_fails_only_its_row(engine):
     assert len(seen[0]) == len(seen[2]) == 1
 
 
+@pytest.mark.slow
 def test_a_cancelled_row_stops_at_its_next_step_and_the_others_are_answered(engine):
     requests = requests_for_join()[:3]
     requests[1] = chat_request(QUESTIONS[1], png_bytes(COLORS[1]), max_tokens=40)
     alone = [solo(engine, r, images) for r, images in requests]
-    items = [engine.prepare(r, images) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     for item in items:
         item.inputs.frame = None
     results = joining(engine, items, {1: [1, 2]},
@@ -155,7 +160,7 @@ def test_a_cancelled_row_stops_at_its_next_step_and_the_others_are_answered(engi
 
 def test_a_row_cancelled_before_it_starts_never_runs(engine):
     request, images = chat_request("Anything?", png_bytes(COLORS[0]), max_tokens=8)
-    item = engine.prepare(request, images)
+    item = engine.prepare(request)
     item.cancelled.set()
     answers = []
     engine.run_batch([item], lambda index, answer: answers.append(answer))
@@ -165,7 +170,7 @@ def test_a_row_cancelled_before_it_starts_never_runs(engine):
 def test_finished_rows_leave_and_the_batch_shrinks_to_the_rows_still_going(engine):
     """Rows leave the moment they end: the forward's batch shrinks step by step (and the cache with it)."""
     requests = [chat_request(q, png_bytes(c), max_tokens=n) for q, c, n in zip(QUESTIONS, COLORS, (18, 4, 9))]
-    items = [engine.prepare(r, images) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     shapes = []
 
     def count(kwargs):
@@ -185,7 +190,7 @@ def test_a_row_given_as_prefix_embeddings_decodes_like_its_token_ids(engine):
     from dataclasses import replace
 
     request, _ = chat_request("Describe the text on this screen, please.", max_tokens=12)
-    item = engine.prepare(request, [])
+    item = engine.prepare(request)
     ids = item.inputs.all_ids()
     split = ids.shape[1] // 2
     as_ids = replace(item.inputs, prefix_ids=ids[:, :split], suffix_ids=ids[:, split:], vision={}, frame=None)
@@ -196,7 +201,7 @@ def test_a_row_given_as_prefix_embeddings_decodes_like_its_token_ids(engine):
     alone = solo_item(engine, by_ids)
     embedded_alone = solo_item(engine, by_embeds)
     long, long_images = chat_request(QUESTIONS[0], png_bytes(COLORS[0]), max_tokens=20)
-    first = engine.prepare(long, long_images)
+    first = engine.prepare(long)
     first.inputs.frame = None
     results = joining(engine, [first, by_embeds], {3: [1]})
 
@@ -211,13 +216,14 @@ def solo_item(engine, item):
     return results[0]
 
 
+@pytest.mark.slow
 def test_cold_rows_joining_together_are_prefilled_in_one_forward(engine):
     """The joiners' prompts go through one left-padded forward (position_ids = cumsum(mask)-1) and still get their
     solo logits: Idefics3 and LLaVA stack their images along the batch, MiniCPM-V 4.6 packs them NaViT-style and its
     linear-attention states take no padding in (tests/test_batched_prefill.py goes further)."""
     requests = requests_for_join()[:3]
     alone = [solo(engine, r, images) for r, images in requests]
-    items = [engine.prepare(r, images) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     for item in items:
         item.inputs.frame = None
     prefills, forward = [], engine.model.forward
@@ -238,6 +244,7 @@ def test_cold_rows_joining_together_are_prefilled_in_one_forward(engine):
     assert prefills == [1, 2]
 
 
+@pytest.mark.slow
 def test_padded_decode_steps_hand_a_plain_attention_model_its_4d_mask_with_the_2d_masks_logits(engine):
     """Under sdpa with plain attention (Idefics3, LLaVA) a step over left-padded rows passes the 4-D boolean mask
     (transformers uses it as it is instead of rebuilding it each step); the logits are those the 2-D mask gives.
@@ -263,7 +270,7 @@ def test_padded_decode_steps_hand_a_plain_attention_model_its_4d_mask_with_the_2
 
 def cold_joins(engine, requests):
     """The requests cold (no frame reuse), row 0 alone first and the others joining mid-decode."""
-    items = [engine.prepare(r, images) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     for item in items:
         item.inputs.frame = None
     return joining(engine, items, {2: [1, 2], 5: [3], 9: [4]})
@@ -280,20 +287,21 @@ def assert_same_runs(results, reference) -> None:
             assert torch.allclose(x[finite], y[finite], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_decode_steps_through_the_text_decoder_give_the_wrappers_logits(engine):
     """Decode steps call the text decoder and lm_head directly (text_path.py) where, checked at load, the pair gives
     the model's own logits; a joining scenario run both ways gives the same tokens and logits (1e-6)."""
-    assert engine.decoder.text_path is not None
+    assert engine.decoder.forward.text_path is not None
     requests = requests_for_join()
 
     def run(path):
-        saved, engine.decoder.text_path = engine.decoder.text_path, path
+        saved, engine.decoder.forward.text_path = engine.decoder.forward.text_path, path
         try:
             return cold_joins(engine, requests)
         finally:
-            engine.decoder.text_path = saved
+            engine.decoder.forward.text_path = saved
 
-    assert_same_runs(run(engine.decoder.text_path), run(None))
+    assert_same_runs(run(engine.decoder.forward.text_path), run(None))
 
 
 def test_a_model_whose_forward_changes_the_logits_keeps_its_wrapper(engine, monkeypatch):
@@ -308,6 +316,6 @@ def test_a_model_whose_forward_changes_the_logits_keeps_its_wrapper(engine, monk
         out.logits = 30.0 * torch.tanh(out.logits / 30.0) + 0.5
         return out
     monkeypatch.setattr(engine.model, "forward", capped_forward)
-    assert text_path(engine.model, positions_kwarg=engine.decoder.plain_positions) is None
+    assert text_path(engine.model, positions_kwarg=engine.decoder.forward.plain_positions) is None
     monkeypatch.setattr(engine.model, "forward", forward)
-    assert text_path(engine.model, positions_kwarg=engine.decoder.plain_positions) is not None
+    assert text_path(engine.model, positions_kwarg=engine.decoder.forward.plain_positions) is not None

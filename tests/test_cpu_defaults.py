@@ -13,8 +13,11 @@ import torch
 
 from benchmarks._harness import render_screen, to_png
 from inference_worker.engines.hf import loading
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
+from inference_worker.engines.base import run_one
 from tests.fixtures.chat_requests import chat_request
+
+pytestmark = [pytest.mark.model]
 
 #: /proc/cpuinfo excerpts (one core each; real files repeat the block per logical CPU)
 SAPPHIRE_RAPIDS = """processor	: 0
@@ -91,16 +94,16 @@ def test_the_loader_picks_the_dtype_from_this_cpu_and_the_checkpoint_size(tiny_i
     model of real size need not be built."""
     _cpuinfo_file(tmp_path, monkeypatch, SAPPHIRE_RAPIDS)
     monkeypatch.setattr(loading, "MIN_CPU_BF16_PARAMS", 1_000, raising=False)
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     try:
         assert engine.model.dtype == torch.bfloat16
-        answer = engine.complete(*chat_request(image_png=to_png(render_screen("bf16")), max_tokens=4))
+        answer = run_one(engine, chat_request(image_png=to_png(render_screen("bf16")), max_tokens=4)[0])
         assert answer.completion_tokens >= 1            # it serves in bf16
     finally:
         engine.close()
 
     _cpuinfo_file(tmp_path, monkeypatch, LAPTOP)
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     try:
         assert engine.model.dtype == torch.float32
     finally:
@@ -135,7 +138,7 @@ def slicing_minicpmv46_dir(tiny_minicpmv46_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def minicpmv46_cpu_engine(slicing_minicpmv46_dir):
-    engine = load_transformers_engine(str(slicing_minicpmv46_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(slicing_minicpmv46_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield engine
     engine.close()
 
@@ -143,10 +146,11 @@ def minicpmv46_cpu_engine(slicing_minicpmv46_dir):
 def num_images(engine, size: tuple[int, int]) -> tuple[int, int]:
     """(images the processor made of one frame of `size`: the overview and its slices; prompt tokens)."""
     request, images = chat_request(image_png=to_png(render_screen(f"slices-{size}", size)), max_tokens=4)
-    inputs = engine.prepare(request, images).inputs
+    inputs = engine.prepare(request).inputs
     return int(inputs.vision["target_sizes"].shape[0]), inputs.num_tokens
 
 
+@pytest.mark.slow
 def test_on_a_cpu_the_default_region_gets_two_slices_not_four_upscaled_ones(minicpmv46_cpu_engine):
     """800x600 fills 2.4 slices of 448x448: the model's own grid search takes 2x2 slices of 400x300, each upscaled
     to ~518x388; on a CPU it gets 2 slices of 400x600 (0.9 of their pixels kept) and the overview: two fewer runs
@@ -169,13 +173,16 @@ def test_frames_that_fill_their_slices_keep_the_models_slicing(minicpmv46_cpu_en
     assert num_images(minicpmv46_cpu_engine, size)[0] == expected
 
 
+@pytest.mark.slow
 def test_the_cpu_worker_answers_about_a_sliced_frame(minicpmv46_cpu_engine):
     """The capped slices reach the model: it answers, and reports how long encoding the image took."""
-    answer = minicpmv46_cpu_engine.complete(*chat_request(image_png=to_png(render_screen("answer")), max_tokens=4))
+    answer = run_one(minicpmv46_cpu_engine, chat_request(image_png=to_png(render_screen("answer")), max_tokens=4)[0])
     assert answer.completion_tokens >= 1
-    assert answer.extra["vision_ms"] > 0 and answer.extra["timing"]["ttft_ms"] >= answer.extra["vision_ms"]
+    timing = answer.facts.timing
+    assert timing.vision_ms > 0 and timing.ttft_ms >= timing.vision_ms
 
 
+@pytest.mark.slow
 def test_a_gpu_keeps_the_models_own_slicing(slicing_minicpmv46_dir, monkeypatch):
     """The loader turns the cap on for a CPU only. CUDA cannot run here: the parts loader is called directly, with
     the weights' loading (onto a GPU this machine lacks) left out."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import socket
@@ -11,11 +13,13 @@ import sys
 from deskeye.doctor import NO_GPU, check_display, check_gpu, check_model, nvidia_smi_gpus, nvml_gpus
 from deskeye.settings import Settings, with_overrides
 
+pytestmark = [pytest.mark.desktop, pytest.mark.model, pytest.mark.subprocess]
+
 
 def run_doctor(tmp_path, settings_text: str, display: str | None) -> subprocess.CompletedProcess:
     settings = tmp_path / "settings.toml"
     settings.write_text(settings_text, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "DESKEYE_", "DISPLAY"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "DESKEYE_", "DISPLAY", "WAYLAND_"))}
     for name in ("XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
         (tmp_path / name).mkdir(mode=0o700, exist_ok=True)
         env[name] = str(tmp_path / name)
@@ -31,12 +35,15 @@ def lines_by_name(stdout: str) -> dict[str, str]:
     return {line.split()[1]: line for line in stdout.splitlines()}
 
 
+@pytest.mark.slow
 def test_everything_ok_under_xvfb(tmp_path, xdisplay):
     proc = run_doctor(tmp_path, "[worker]\nstartup_timeout_s = 60.0\n", xdisplay.name)
     lines = lines_by_name(proc.stdout)
-    assert list(lines) == ["display", "capture", "gpu", "model", "worker"], proc.stdout
+    assert list(lines) == ["display", "capture", "hotkeys", "gpu", "model", "worker"], proc.stdout
     assert lines["display"].startswith("OK") and f"X display {xdisplay.name} reachable" in lines["display"]
     assert lines["capture"].startswith("OK") and "grabbed 800x600 at 560,240 of monitor 1" in lines["capture"]
+    assert f"with mss on the X display {xdisplay.name}" in lines["capture"]          # the session's backend
+    assert "X11 session" in lines["display"]
     assert lines["model"].startswith("OK") and "none configured: using the OCR engine" in lines["model"]
     assert lines["worker"].startswith("OK") and "engine ocr" in lines["worker"], proc.stdout
     assert lines["gpu"].startswith("OK")

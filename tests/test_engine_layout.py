@@ -12,11 +12,14 @@ import pytest
 
 from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
 from inference_worker.engines import FAMILIES, EngineOptions, family_for
+from inference_worker.engines.base import run_one
 from inference_worker.engines.hf.frame_cache import FrameCache
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import load_hf_engine
 from inference_worker.engines.hf.loading import GB, ModelLoadError, check_fits_vram, required_vram_bytes
 from tests.fixtures.chat_requests import chat_request, png_bytes
 from tests.fixtures.worker import REPO_ROOT
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 
 @pytest.mark.parametrize("config, family", [
@@ -54,6 +57,22 @@ def test_engine_options_are_validated():
         EngineOptions(num_threads=0)
     with pytest.raises(ValueError, match="kv_cache_bytes"):
         EngineOptions(kv_cache_bytes=-1)
+    with pytest.raises(ValueError, match="max_request_pixels"):
+        EngineOptions(max_image_pixels=100, max_request_pixels=99)
+
+
+def test_every_engine_name_has_one_loader_and_the_options_come_from_the_config_in_one_place():
+    from inference_worker.config import ENGINES, WorkerConfig
+    from inference_worker.engines import LOADERS
+
+    assert tuple(LOADERS) == ENGINES
+    config = WorkerConfig(num_threads=3, kv_cache_mb=7, kv_similar=False, max_image_pixels=5000,
+                          max_request_pixels=9000, max_prompt_tokens=64, use_grammar=False, prepare_processes=2)
+    options = EngineOptions.from_config(config)
+    assert (options.num_threads, options.kv_cache_bytes, options.kv_similar_threshold) == (3, 7 * 2**20, None)
+    assert (options.image_limits.max_image_pixels, options.image_limits.max_request_pixels) == (5000, 9000)
+    assert (options.max_prompt_tokens, options.use_grammar, options.prepare_processes) == (64, False, 2)
+    assert EngineOptions.from_config(WorkerConfig()).num_threads is None      # 0 = the library's default
 
 
 def test_the_vram_check_counts_the_kv_budget_and_says_to_lower_it():
@@ -71,9 +90,10 @@ def test_the_vram_check_counts_the_kv_budget_and_says_to_lower_it():
 
 @pytest.fixture()
 def similar_engine(tiny_idefics3_dir):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False,
-                                      kv_cache_bytes=64 * 1024 * 1024,
-                                      kv_similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1,
+                                                                  kv_cache_bytes=64 * 1024 * 1024,
+                                                                  kv_similar_threshold=DEFAULT_KV_SIMILAR_THRESHOLD),
+                            progress=False)
     yield engine
     engine.close()
 
@@ -88,11 +108,11 @@ def test_the_similar_search_runs_while_preparing_and_not_again_on_the_model_thre
     monkeypatch.setattr(FrameCache, "_closest", spy_closest)
     first, first_images = chat_request("What is this?", png_bytes((10, 200, 10)), max_tokens=3)
     other, other_images = chat_request("What is this?", png_bytes((200, 10, 200)), max_tokens=3)
-    similar_engine.complete(first, first_images)                   # stores a frame of the group
+    run_one(similar_engine, first)                   # stores a frame of the group
     searches.clear()
 
     prepared = [None]
-    preparing = threading.Thread(target=lambda: prepared.__setitem__(0, similar_engine.prepare(other, other_images)),
+    preparing = threading.Thread(target=lambda: prepared.__setitem__(0, similar_engine.prepare(other)),
                                  name="deskeye-prepare-test")
     preparing.start()
     preparing.join()
@@ -100,10 +120,11 @@ def test_the_similar_search_runs_while_preparing_and_not_again_on_the_model_thre
     answers = []
     similar_engine.run_batch(prepared, lambda index, answer: answers.append(answer))
 
-    assert answers[0].extra["kv_cache"] == "miss"
+    assert answers[0].facts.cache == "miss"
     assert [name for name, _ in searches] == ["deskeye-prepare-test"]     # one search, off the model thread
 
 
+@pytest.mark.slow
 def test_positions_are_plain_unless_the_model_computes_them_from_the_image_grid(tiny_minicpmv46_dir):
     """Qwen2-VL computes M-RoPE positions from the image grid (get_rope_index) and keeps rope_deltas between calls:
     no reused prefix, no explicit positions, no merging. MiniCPM-V 4.6's text model has M-RoPE sections but the
@@ -112,7 +133,8 @@ def test_positions_are_plain_unless_the_model_computes_them_from_the_image_grid(
     import torch
     from transformers import AutoModelForImageTextToText, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    from inference_worker.engines.hf.batch_decode import can_merge_caches, has_plain_positions
+    from inference_worker.engines.hf.batch_decode import can_merge_caches
+    from inference_worker.engines.hf.model_forward import has_plain_positions
 
     qwen2_vl = Qwen2VLForConditionalGeneration(Qwen2VLConfig(
         text_config=dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -22,19 +22,21 @@ from pathlib import Path
 
 import pytest
 
-from deskeye import output_mode
-from deskeye.client import WorkerClient
+from deskeye.worker import output_mode
+from deskeye.worker.client import WorkerClient
 from deskeye.doctor import check_external_server, check_output_mode
 from deskeye.errors import AnswerError, WorkerUnavailable
-from deskeye.memory import ConversationMemory
+from deskeye.ask.memory import ConversationMemory
 from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import WorkerSupervisor
+from deskeye.worker.supervisor import WorkerSupervisor
 from inference_worker.protocol import SUMMARY_MAX_CHARS
 from deskeye.prompt import DESCRIBE_QUESTION, build_messages
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import stop_process
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import running_worker, worker_env
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 SERVE_START_TIMEOUT_S = 120.0
 
@@ -52,6 +54,7 @@ def ocr_worker(tmp_path_factory):
         yield handle
 
 
+@pytest.mark.slow
 def test_our_worker_as_an_external_server(ocr_worker):
     supervisor, client = external(f"{ocr_worker.url}/v1", api_key=ocr_worker.api_key)
     memory = ConversationMemory(3)
@@ -117,13 +120,14 @@ def _wait_for_uvicorn(proc: subprocess.Popen, output: list[str]) -> str:
     pytest.fail("transformers serve did not start:\n" + "".join(output[-30:]))
 
 
+@pytest.mark.slow
 def test_a_server_that_ignores_response_format_gets_prompt_and_parse(transformers_serve, caplog):
     """transformers serve drops response_format: the client says so once, asks for JSON in the prompt, retries with
     the stricter prompt, and (a random model writes no JSON) ends with the model's text as the summary."""
     url, output = transformers_serve
     _, client = external(url)
     png = render_text_png(["Release notes draft"])
-    with caplog.at_level(logging.INFO, logger="deskeye.client"):
+    with caplog.at_level(logging.INFO, logger="deskeye.worker.client"):
         first = client.ask(DESCRIBE_QUESTION, png, max_tokens=24)
         second = client.ask(DESCRIBE_QUESTION, png, max_tokens=24)
     assert first.output_mode == second.output_mode == output_mode.PROMPT_AND_PARSE

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from inference_worker.config import DEFAULT_BATCH_WINDOW_MS, DEFAULT_LOAD_THRESHOLDS_PCT
+from tests.fixtures.processes import run_as_group
 from tests.fixtures.worker import worker_env
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DRY_RUN_TIMEOUT_S = 280
@@ -27,8 +30,8 @@ def _is_number(value) -> bool:
 
 
 def _run_check(*args: str, timeout_s: float = DRY_RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *args], cwd=REPO_ROOT, env=worker_env(),
-                          capture_output=True, text=True, timeout=timeout_s)
+    return run_as_group([sys.executable, "-m", "benchmarks.gpu_check", *args], timeout_s, cwd=REPO_ROOT,
+                        env=worker_env())
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,7 @@ def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     return proc, json.loads(out.read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_dry_run_prints_every_row_and_passes_its_checks(dry_run):
     proc, report = dry_run
     concurrent = report["num_concurrent"]
@@ -54,6 +58,7 @@ def test_dry_run_prints_every_row_and_passes_its_checks(dry_run):
                       "no empty_cache without CUDA")}
 
 
+@pytest.mark.slow                # 1 s or more with the fixtures it sets up
 def test_dry_run_json_has_sane_numbers_for_both_models(dry_run):
     _, report = dry_run
     assert report["mode"] == "dry" and set(report["models"]) == set(MODELS)
@@ -88,6 +93,7 @@ def test_dry_run_json_has_sane_numbers_for_both_models(dry_run):
         assert worker["vram"]["nvml_worker_peak_mib"] is None and "not measured" in worker["vram"]["note"]
 
 
+@pytest.mark.slow                # 1 s or more with the fixtures it sets up
 def test_dry_run_reads_the_batch_window_but_says_the_gpu_load_was_not_measured(dry_run):
     _, report = dry_run
     window = report["models"]["minicpmv46"]["worker"]["load_window"]
@@ -100,6 +106,7 @@ def test_dry_run_reads_the_batch_window_but_says_the_gpu_load_was_not_measured(d
     assert "load_window" not in report["models"]["minicpmo45"]["worker"]
 
 
+@pytest.mark.slow
 def test_without_cuda_and_without_dry_it_stops_at_once_saying_what_to_do():
     import torch
     if torch.cuda.is_available():

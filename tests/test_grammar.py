@@ -11,13 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from inference_worker.engines.hf.grammar import (WORD_FILL_MIN_VOCAB, GrammarBatch, GrammarError, GrammarLogitsProcessor,
-                                     SchemaGrammars)
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines.hf.grammar import GrammarError, SchemaGrammars
+from inference_worker.engines.hf.grammar_batch import WORD_FILL_MIN_VOCAB, GrammarBatch, GrammarLogitsProcessor
+from inference_worker.engines import EngineOptions, load_hf_engine
+from inference_worker.engines.base import run_one
 from inference_worker.protocol import ProtocolError
 from deskeye.prompt import DESKEYE_SCHEMA
 from inference_worker.engines.hf.token_mask import fill_banned_words, unpack_bitmask
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
+
+pytestmark = [pytest.mark.model]
 
 SCREEN = png_bytes((40, 160, 90))
 NUM_SAMPLES = 7
@@ -25,7 +28,7 @@ NUM_SAMPLES = 7
 
 @pytest.fixture(scope="module")
 def constrained(tiny_idefics3_dir):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield engine
     engine.close()
 
@@ -33,8 +36,8 @@ def constrained(tiny_idefics3_dir):
 @pytest.fixture(scope="module")
 def unconstrained(tiny_idefics3_dir):
     """The same model with the grammar switched off: what the grammar is compared against."""
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False,
-                                      use_grammar=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1, use_grammar=False),
+                            progress=False)
     yield engine
     engine.close()
 
@@ -54,22 +57,24 @@ def is_valid(text: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_every_constrained_generation_parses_and_validates(constrained):
     requests, images = deskeye_requests()
-    answers = [constrained.complete(r, images) for r in requests]
+    answers = [run_one(constrained, r) for r in requests]
     invalid = [a.text for a in answers if not is_valid(a.text)]
     assert not invalid
     assert {a.finish_reason for a in answers} == {"stop"}
-    assert all(a.extra["constrained"] and a.extra["grammar_ms"] > 0 for a in answers)
+    assert all(a.facts.constrained and a.facts.grammar_ms > 0 for a in answers)
     assert len({a.text for a in answers}) == len(answers)            # real, different samples
-    assert constrained.grammars.num_compiled == 1                   # compiled once, a fresh matcher each time
+    assert constrained.grammars().num_compiled == 1                   # compiled once, a fresh matcher each time
 
 
+@pytest.mark.slow
 def test_the_same_generations_without_the_grammar_fail_validation(unconstrained):
     requests, images = deskeye_requests()
-    answers = [unconstrained.complete(r, images) for r in requests]
+    answers = [run_one(unconstrained, r) for r in requests]
     assert not any(is_valid(a.text) for a in answers)
-    assert not any(a.extra["constrained"] for a in answers)
+    assert not any(a.facts.constrained for a in answers)
 
 
 def grammar_accepts(tokenizer, schema, text: str) -> bool:
@@ -88,8 +93,8 @@ def test_json_object_output_follows_the_object_grammar(constrained, unconstraine
     request, images = chat_request(image_png=SCREEN, max_tokens=40, response_format={"type": "json_object"})
     for seed in (3, 4, 5):
         sampled = with_sampling(request, temperature=1.0, seed=seed)
-        answer, free = constrained.complete(sampled, images), unconstrained.complete(sampled, images)
-        assert answer.text.startswith('{"') and answer.extra["constrained"]
+        answer, free = run_one(constrained, sampled), run_one(unconstrained, sampled)
+        assert answer.text.startswith('{"') and answer.facts.constrained
         assert answer.finish_reason == "length" and answer.completion_tokens == 40
         assert grammar_accepts(constrained.tokenizer, {"type": "object"}, answer.text)
         assert not grammar_accepts(constrained.tokenizer, {"type": "object"}, free.text)
@@ -97,11 +102,11 @@ def test_json_object_output_follows_the_object_grammar(constrained, unconstraine
 
 def test_a_truncated_generation_reports_length_and_a_retry_with_more_tokens_validates(constrained):
     request, images = chat_request(image_png=SCREEN, deskeye_schema=True, max_tokens=6, temperature=1.0, seed=1)
-    truncated = constrained.complete(request, images)
+    truncated = run_one(constrained, request)
     assert truncated.finish_reason == "length" and truncated.completion_tokens == 6
     assert truncated.text.startswith('{"summary":"') and not is_valid(truncated.text)
 
-    retried = constrained.complete(with_sampling(request, max_tokens=256, temperature=0.0), images)
+    retried = run_one(constrained, with_sampling(request, max_tokens=256, temperature=0.0))
     assert retried.finish_reason == "stop" and is_valid(retried.text)
 
 
@@ -109,7 +114,7 @@ def test_an_unusable_schema_is_a_request_error(constrained):
     request, images = chat_request(image_png=SCREEN, max_tokens=8, response_format={
         "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "strin"}}})
     with pytest.raises(GrammarError) as exc:
-        constrained.complete(request, images)
+        run_one(constrained, request)
     assert isinstance(exc.value, ProtocolError) and exc.value.param == "response_format"
     assert "strin" in str(exc.value)
 

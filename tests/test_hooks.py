@@ -15,10 +15,12 @@ import pytest
 
 from deskeye.cli import main as deskeye_main
 from deskeye.errors import HookRuleError
-from deskeye.hook_rules import HookRule, load_rules, parse_rules
-from deskeye.hooks import HookRunner
-from deskeye.notify import Notifier
+from deskeye.hooks.rules import HookRule, load_rules, parse_rules
+from deskeye.hooks.runner import HookRunner
+from deskeye.ui.notify import Notifier
 from deskeye.prompt import Description
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 REPO = Path(__file__).resolve().parent.parent
 # A hook script in the safe form, run as [RECORDER, OUT] (model text never in argv): appends
@@ -68,7 +70,11 @@ def fire_and_wait(runner: HookRunner, description: Description):
     return firings
 
 
-def test_matching_hook_runs_a_real_subprocess_and_others_do_not(tmp_path):
+def test_matching_hook_runs_a_real_subprocess_and_others_do_not(tmp_path, monkeypatch):
+    """The hook's DESKEYE_ variables are this firing's alone: none inherited from DeskEye's own environment (a stale
+    DESKEYE_OBJECT of a DeskEye started from another one's hook, a setting such as DESKEYE_SKIP_VLLM)."""
+    monkeypatch.setenv("DESKEYE_OBJECT", "stale object")
+    monkeypatch.setenv("DESKEYE_SKIP_VLLM", "1")
     out = tmp_path / "calls.jsonl"
     rules = load_rules(write_rules(tmp_path, recorder_rule(out)))
     runner = HookRunner(rules, audit_path=tmp_path / "audit.jsonl")
@@ -91,7 +97,7 @@ def test_chinese_keyword_and_regex_match_case_insensitively(tmp_path):
         {"name": "err", "regex": r"\berror\b|错误", "notify": True},
     ]}, "test.toml")
     zh, err = rules
-    assert zh.match(["桌面", "3 封新邮件"]) == "3 封新邮件"
+    assert zh.match(["桌面", "您有 3 封邮件"]) == "您有 3 封邮件"     # whole terms: 新邮件 is another word (test_hook_words)
     assert zh.match(["desktop"]) is None
     assert err.match(["ok", "Fatal ERROR: disk"]) == "Fatal ERROR: disk"
     assert err.match(["出现错误"]) == "出现错误"
@@ -194,7 +200,7 @@ def test_notify_hook_reaches_the_desktop_bus(tmp_path, notification_server):
     [firing] = fire_and_wait(runner, Description(summary, ["Error dialog"]))
     assert firing.ok
     [call] = notification_server.wait_for_calls(1)
-    assert (call.title, call.body) == ("DeskEye: error-dialog", summary)
+    assert (call.title, call.body) == ("DeskEye: Error dialog", summary)   # the name made readable: no title given
 
 
 BAD_RULES = [
@@ -283,7 +289,8 @@ def test_hooks_fire_rejects_key_objects_that_are_not_a_json_list(tmp_path, capsy
 def test_pyautogui_is_imported_only_for_hooks_with_keys(tmp_path):
     script = (
         "import sys\n"
-        "from deskeye.hooks import HookRunner, load_rules\n"
+        "from deskeye.hooks.rules import load_rules\n"
+        "from deskeye.hooks.runner import HookRunner\n"
         "from deskeye.prompt import Description\n"
         f"runner = HookRunner(load_rules({str(write_rules(tmp_path, recorder_rule(tmp_path / 'o.jsonl')))!r}))\n"
         "[f] = runner.fire(Description('s', ['inbox']))\n"

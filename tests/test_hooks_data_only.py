@@ -17,11 +17,14 @@ import pytest
 
 from deskeye.cli import main as deskeye_main
 from deskeye.errors import HookRuleError
-from deskeye.hook_rules import HookRule, load_rules
-from deskeye.hooks import HookRunner, load_hook_rules
-from deskeye.notify import Notifier
+from deskeye.hooks.rules import HookRule, load_rules
+from deskeye.hooks.loading import load_hook_rules
+from deskeye.hooks.runner import HookRunner
+from deskeye.ui.notify import Notifier
 from deskeye.prompt import Description
 from deskeye.settings import load_settings
+
+pytestmark = [pytest.mark.subprocess]
 
 SAFE_FORM_WORDS = ("$DESKEYE_SUMMARY", "standard input", "run = [\"/path/to/your-script\"]")
 
@@ -199,12 +202,12 @@ def test_the_default_rules_load_and_fire_with_hostile_text(tmp_path, notificatio
     rules = load_hook_rules(load_settings(tmp_path / "none.toml"))     # DeskEye's defaults, no user file
     assert {"unread-mail", "error-dialog", "low-battery", "meeting-starting"} <= {r.name for r in rules}
     summary = f"Mail: 3 unread; $(touch {tmp_path / 'PWNED'}) --help"
-    firings = fire_and_wait(HookRunner(rules, Notifier(backend="dbus")),
-                            Description(summary, ["INBOX (3 unread)", "Error: sync failed"]))
+    firings = fire_and_wait(HookRunner(rules, Notifier(backend="dbus"), language="en"),
+                            Description(summary, ["INBOX (3 unread)", "Error dialog: sync failed"]))
     assert sorted(f.hook for f in firings) == ["error-dialog", "unread-mail"]
     assert all(f.ok for f in firings), [f.errors for f in firings]
     calls = notification_server.wait_for_calls(2)
-    assert sorted(c.title for c in calls) == ["DeskEye: error-dialog", "DeskEye: unread-mail"]
+    assert sorted(c.title for c in calls) == ["DeskEye: Error dialog", "DeskEye: Unread mail"]
     assert {c.body for c in calls} == {summary}
     assert not (tmp_path / "PWNED").exists()
 
@@ -221,7 +224,7 @@ def test_a_hooks_file_that_is_not_a_regular_file_is_refused_without_blocking(tmp
         path.mkdir()
     else:
         path = Path("/dev/zero")
-    code = ("import sys\nfrom deskeye.errors import HookRuleError\nfrom deskeye.hook_rules import load_rules\n"
+    code = ("import sys\nfrom deskeye.errors import HookRuleError\nfrom deskeye.hooks.rules import load_rules\n"
             "try:\n    load_rules(sys.argv[1])\nexcept HookRuleError as exc:\n    print(exc)\n    sys.exit(2)\n")
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr

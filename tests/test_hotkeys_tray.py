@@ -9,11 +9,13 @@ import time
 import pytest
 
 from deskeye.errors import SettingsError
-from deskeye.hotkeys import Hotkeys
+from deskeye.ui.hotkeys import Hotkeys
 from deskeye.jobs import AUTO, DESCRIBE, HOTKEY, TRAY, Job, JobQueue
 from deskeye.settings import HotkeySettings
-from deskeye.menu import menu_entries
-from deskeye.tray import BUSY, IDLE, PAUSED, WORKER_DOWN, Tray, TrayActions, draw_icon, opener_argv
+from deskeye.ui.menu import menu_entries
+from deskeye.ui.tray import BUSY, IDLE, PAUSED, WORKER_DOWN, Tray, TrayActions, draw_icon, opener_argv
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 
 def test_every_hotkey_press_fires_once_and_stop_returns_at_once(xdisplay):
@@ -88,15 +90,15 @@ def test_without_a_tray_host_the_tray_says_so_once_and_stops_cleanly(xdisplay, c
         return apply_state()
 
     tray._apply_state = recording_apply_state
-    with caplog.at_level("WARNING", logger="deskeye.tray"):
+    with caplog.at_level("WARNING", logger="deskeye.ui.tray"):
         tray.start()
         for state in (BUSY, IDLE, PAUSED, BUSY, IDLE):
             tray.set_state(state)                      # from this (the main) thread
         time.sleep(0.3)
     assert len(applied_on) >= 5 and set(applied_on) == {"deskeye-tray"}   # GTK is touched on its thread only
     try:
-        warnings = [r.getMessage() for r in caplog.records if r.name == "deskeye.tray"]
-        assert len(warnings) == 1 and "No system tray is running" in warnings[0] and "<ctrl>+<alt>+a" in warnings[0]
+        warnings = [r.getMessage() for r in caplog.records if r.name == "deskeye.ui.tray"]
+        assert len(warnings) == 1 and "No system tray is running" in warnings[0] and "Ctrl+Alt+A" in warnings[0]
         assert tray.backend == "statusicon" and tray.is_running and tray.state == IDLE
     finally:
         tray.stop()

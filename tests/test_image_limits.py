@@ -22,15 +22,18 @@ import time
 import pytest
 from PIL import Image
 
-from benchmarks.worker_memory import PeakSampler, tree_rss_mb
+from benchmarks._harness import process_tree_rss_mb
+from benchmarks.worker_memory import PeakSampler
 from inference_worker import config
 from inference_worker.errors import CancelledError
 from inference_worker.protocol import (ChatRequest, ImagePart, Message, ProtocolError, SamplingParams,
                                        decode_data_url)
-from inference_worker.serving import images
-from inference_worker.serving.images import decode_image, decode_request_images
+from inference_worker import images
+from inference_worker.images import decode_image, decode_request_images
 from tests.fixtures.hostile_images import (data_url, gif_with_frames, image_request, png16, progressive_jpeg)
 from tests.fixtures.worker import REPO_ROOT, running_worker, worker_env
+
+pytestmark = [pytest.mark.subprocess]
 
 CHAT = "/v1/chat/completions"
 REQUEST_TIMEOUT_S = 20          # --request-timeout-s: without a scan limit the crafted JPEG got 504 at this
@@ -59,6 +62,7 @@ def assert_answers_a_small_request(worker, within_s: float = 10.0) -> None:
 
 # ------------------------------------------------------------ over HTTP
 
+@pytest.mark.slow
 def test_a_progressive_jpeg_with_10000_scans_is_refused_at_once_and_the_next_request_is_answered(ocr_worker):
     crafted = progressive_jpeg(7680, 4320, num_scans=10_000)          # 8K greyscale, ~660 KB
     assert len(crafted) < 700_000
@@ -80,10 +84,11 @@ def test_a_progressive_jpeg_as_encoders_write_it_is_still_answered(ocr_worker):
     assert status == 200, body
 
 
+@pytest.mark.slow
 def test_images_over_the_request_pixel_budget_get_413_before_any_is_decoded(ocr_worker):
     """The trial's request: four 8K 16-bit PNGs (a few hundred KB each on the wire, 2.1 GB of RSS once decoded)."""
     frame_8k = data_url(png16(7680, 4320), "image/png")
-    baseline_mb = tree_rss_mb(ocr_worker.proc.pid)
+    baseline_mb = process_tree_rss_mb(ocr_worker.proc.pid)
     with PeakSampler(ocr_worker.proc.pid) as sampler:
         status, body = ocr_worker.request("POST", CHAT, image_request([frame_8k] * 4))
     assert status == 413, body                  # without a budget: all four decoded, 200
@@ -112,6 +117,7 @@ def test_a_data_url_with_mime_parameters_is_accepted(ocr_worker, header):
     assert status == 200, body                  # was 400 "only base64 data URLs are accepted"
 
 
+@pytest.mark.slow
 def test_a_request_whose_client_went_away_stops_decoding_between_two_images(tmp_path):
     """Eight legitimate 2560x1600 progressive JPEGs (30 scans each; within every limit, the request's pixel budget
     included): decoding them takes seconds. The client of that request goes away at once; the next client must not

@@ -16,6 +16,8 @@ from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
 from inference_worker.engines.hf.frame_cache import FrameCache, content_key, frame_distance, frame_signature, tensor_nbytes
 from tests.fixtures.text_image import font_path
 
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
+
 GROUP = b"model+prefix+layout"
 LIGHT = {"desktop": (236, 239, 244), "paper": (255, 255, 255), "ink": (30, 30, 30), "title": (52, 101, 164)}
 MAIL = ["Inbox (3 unread)", "From: Anna Berg   Subject: Quarterly report draft",
@@ -125,6 +127,7 @@ def test_replacing_an_entry_keeps_one_copy_and_counts_its_new_size():
     assert cache.num_entries == 1 and cache.num_bytes == 50 and cache.lookup(b"a", GROUP, None).value == "new"
 
 
+@pytest.mark.slow
 def test_evicted_and_cleared_values_are_freed():
     import torch
 
@@ -342,6 +345,7 @@ print(json.dumps({"grown": process.memory_info().rss - before, "entries": cache.
 """
 
 
+@pytest.mark.slow
 def test_rss_stays_within_the_budget_while_entries_churn():
     """A fresh process fills a 48 MB cache 5 times over with prefix caches shaped like batch_decode's: its RSS
     grows by the budget, not by the budget plus uncounted thumbnails and heap holes (before: ~2.5x)."""

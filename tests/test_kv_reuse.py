@@ -12,18 +12,20 @@ import torch
 from PIL import Image
 
 from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
 from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import chat_request
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import running_worker
 
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
+
 KV_BYTES = 64 * 1024 * 1024
 
 
 def load(model_dir, **options):
-    return load_transformers_engine(str(model_dir), device="cpu", num_threads=1, progress=False, **options)
+    return load_hf_engine(str(model_dir), EngineOptions(device="cpu", num_threads=1, **options), progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def with_pixels_changed(png: bytes, points=((400, 10), (401, 10), (400, 11), (40
 def decode(engine, question: str, png: bytes, **body):
     """One request straight through the engine's batch decoder -> RowResult (with per-step logits)."""
     request, images = chat_request(question, png, **body)
-    prepared = engine.prepare(request, images)
+    prepared = engine.prepare(request)
     results = []
     engine.decoder.run([engine.decoder_row(prepared)],
                        lambda index, result: results.append(result))
@@ -122,11 +124,12 @@ def test_the_similar_level_can_be_switched_off(tiny_idefics3_dir):
 def ask(worker, question: str, png: bytes) -> dict:
     status, body = worker.request("POST", "/v1/chat/completions", {
         "model": "deskeye", "messages": build_messages(question, png), "response_format": deskeye_response_format(),
-        "temperature": 0, "max_tokens": 200})
+        "temperature": 0, "max_tokens": 1024})   # room for a whole answer: a retry would hit the cache
     assert status == 200, body
     return body
 
 
+@pytest.mark.slow
 def test_reuse_levels_through_the_worker_and_its_metrics(tiny_worker):
     png = screen_png()
     before = tiny_worker.metrics()
@@ -144,6 +147,7 @@ def test_reuse_levels_through_the_worker_and_its_metrics(tiny_worker):
         assert after.get(key, 0) - before.get(key, 0) >= count     # retries look up again
 
 
+@pytest.mark.slow
 def test_no_kv_reuse_and_no_kv_similar_switches(tiny_idefics3_dir, tmp_path):
     base = ["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1"]
     png = screen_png()

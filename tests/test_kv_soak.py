@@ -5,13 +5,18 @@ the default 512 MB would take ~2,900 frames to fill (see the benchmark's docstri
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.kv_soak import soak
 from tests.fixtures.worker import running_worker
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 KV_CACHE_MB = 24
 NUM_FRAMES = 1000
 
 
+@pytest.mark.slow
 def test_rss_is_flat_once_the_kv_cache_is_full(tiny_idefics3_dir, tmp_path):
     with running_worker(["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1",
                          "--kv-cache-mb", str(KV_CACHE_MB)], tmp_path) as worker:
@@ -24,6 +29,7 @@ def test_rss_is_flat_once_the_kv_cache_is_full(tiny_idefics3_dir, tmp_path):
     assert grown_mb <= KV_CACHE_MB * 1.1 + 16, f"RSS grew {grown_mb:.1f} MB for a {KV_CACHE_MB} MB cache: {result}"
 
 
+@pytest.mark.slow
 def test_the_soak_benchmark_writes_its_table_and_json(tmp_path, capsys):
     import json
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from deskeye.geometry import Rect
-from deskeye.overlay import Kind, Overlay, OverlayContent
-from deskeye.privacy import active_window_title, check_privacy
+from deskeye.see.geometry import Rect
+from deskeye.ui.overlay import Kind, Overlay, OverlayContent
+from deskeye.see.privacy import active_window_title, check_privacy
 from deskeye.settings import OverlaySettings
-from deskeye.x11_windows import OwnWindows
+from deskeye.see.x11_windows import OwnWindows
+
+pytestmark = [pytest.mark.desktop]
 
 TITLE_BYTES = 4 * 1024 * 1024
 CHUNK_BYTES = 64 * 1024               # each ChangeProperty request stays well under the core protocol's limit

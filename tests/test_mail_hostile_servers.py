@@ -10,10 +10,14 @@ MemoryError)."""
 
 from __future__ import annotations
 
+import pytest
+
 import time
 
-from deskeye.providers import QuickAnswerer
+from deskeye.ask.providers import QuickAnswerer
 from deskeye.settings import ProviderSettings, Settings
+
+pytestmark = [pytest.mark.subprocess]
 
 PASSWORD_ENV = "DESKEYE_TEST_IMAP_PASSWORD"
 
@@ -30,6 +34,7 @@ def timed_ask(settings: ProviderSettings, query: str = "any new mail?"):
     return answer, time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_a_trickled_greeting_runs_out_of_one_deadline_for_the_whole_check(scripted_imap, monkeypatch):
     server = scripted_imap(greeting=b"* OK " + b"." * 22, byte_interval_s=1.0)   # one byte a second
     answer, elapsed = timed_ask(scripted_settings(server, monkeypatch, timeout_s=2))
@@ -62,7 +67,7 @@ def test_a_literal_of_99999999999_bytes_is_refused(scripted_imap, monkeypatch):
 
 
 def test_the_status_reply_is_parsed_by_hand():
-    from deskeye.providers.mail import unseen_in_status
+    from deskeye.ask.providers.mail import unseen_in_status
     assert unseen_in_status(b'"INBOX" (MESSAGES 5 UNSEEN 3)') == 3
     assert unseen_in_status(b'"Old (2019)" (UNSEEN 0 MESSAGES 9)') == 0
     assert unseen_in_status(b'"INBOX" (MESSAGES 5)') is None

@@ -11,9 +11,11 @@ from dataclasses import replace
 import pytest
 
 from deskeye.errors import ProviderError
-from deskeye.providers import QuickAnswerer
-from deskeye.providers.mail import KEYRING_SERVICE, unread_count
+from deskeye.ask.providers import QuickAnswerer
+from deskeye.ask.providers.mail import KEYRING_SERVICE, unread_count
 from deskeye.settings import ProviderSettings, Settings
+
+pytestmark = [pytest.mark.subprocess]
 
 PASSWORD_ENV = "DESKEYE_TEST_IMAP_PASSWORD"
 
@@ -50,6 +52,7 @@ def test_chinese_question_gets_a_chinese_answer(mail_settings, imap_server):
     assert answer.text == f"INBOX 有 {imap_server.num_unseen} 封未读邮件({imap_server.user})。"
 
 
+@pytest.mark.slow
 def test_wrong_password_is_a_clear_error_without_the_password(mail_settings, monkeypatch, all_logs):
     wrong = "not-the-password-\"x\"-42"
     monkeypatch.setenv(PASSWORD_ENV, wrong)

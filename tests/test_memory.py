@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from deskeye.memory import ConversationMemory
+from deskeye.ask.memory import ConversationMemory
 from deskeye.prompt import Turn, build_messages
 
 

@@ -1,4 +1,4 @@
-"""The MiniCPM-o 4.5 adapter, loaded through exactly the worker's code path (`load_transformers_engine` ->
+"""The MiniCPM-o 4.5 adapter, loaded through exactly the worker's code path (`load_hf_engine` ->
 family dispatch -> `load_minicpmo_parts`).
 
 The real checkpoint (openbmb/MiniCPM-o-4_5, 9B, ~19 GB) cannot run here. It is replaced by a stand-in built at
@@ -27,17 +27,21 @@ import transformers
 from transformers import AutoModel, AutoProcessor
 from transformers.dynamic_module_utils import check_imports, get_imports
 
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
+from inference_worker.engines.base import run_one
 from inference_worker.engines.hf.loading import MINICPMO_UNLOADED_PREFIXES, ModelLoadError, checkpoint_weight_bytes
-from inference_worker.engines.hf.minicpmo import (OPTIONAL_REMOTE_IMPORTS, REMOVED_MASK_UTILS, MiniCPMOEngine,
-                                                  chat_messages, is_minicpmo_config, prepare_4d_attention_mask,
-                                                  remote_code_compat)
+from inference_worker.engines.hf.minicpmo import MiniCPMOEngine, chat_messages
+from inference_worker.engines.hf.minicpmo_loading import (OPTIONAL_REMOTE_IMPORTS, REMOVED_MASK_UTILS,
+                                                          is_minicpmo_config, prepare_4d_attention_mask,
+                                                          remote_code_compat)
 from inference_worker.protocol import ProtocolError, parse_chat_request
 from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import Turn, build_messages
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.minicpmo_standin import LLM_HIDDEN, QUERY_NUM, build_minicpmo_standin
 from tests.fixtures.worker import running_worker
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 RED, BLUE = png_bytes((220, 30, 30)), png_bytes((30, 30, 220))
 WIDE = png_bytes((30, 160, 60), size=(1000, 300))     # a source image plus slices of another size
@@ -51,7 +55,7 @@ def standin_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(standin_dir):
-    engine = load_transformers_engine(str(standin_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(standin_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield engine
     engine.close()
 
@@ -73,15 +77,16 @@ def vision_encoder_runs(engine):
 
 def engine_sharing(engine, **options) -> MiniCPMOEngine:
     """Another adapter over the same loaded model, with its own (empty) vision cache."""
-    return MiniCPMOEngine(engine.model, engine.processor, model_name=engine.model_name, num_threads=1, **options)
+    return MiniCPMOEngine(engine.model, engine.processor, model_name=engine.model_name,
+                          options=EngineOptions(num_threads=1), **options)
 
 
 def decoded_rows(engine, requests, monkeypatch) -> dict:
     """run_batch over `requests` -> {index: RowResult} (per-step logits kept), the decoder's own results."""
     monkeypatch.setattr(engine.decoder, "keep_logits", True)
-    monkeypatch.setattr(engine, "_completion", lambda result, reuse: (result, reuse))
+    monkeypatch.setattr(engine, "_completion", lambda result: (result, result.kv_cache))
     answers = {}
-    engine.run_batch([engine.prepare(r, images) for r, images in requests],
+    engine.run_batch([engine.prepare(r) for r, images in requests],
                      lambda index, answer: answers.__setitem__(index, answer))
     return answers
 
@@ -97,6 +102,7 @@ def assert_same_decoding(a, b, label: str) -> None:
 
 # ---------------------------------------------------------------- the stand-in is shaped like the real code
 
+@pytest.mark.slow
 def test_the_config_is_qwen3_flat_with_the_towers_as_sub_configs(standin_dir, engine):
     config = json.loads((standin_dir / "config.json").read_text())
     assert is_minicpmo_config(config) and not is_minicpmo_config({"model_type": "idefics3"})
@@ -114,7 +120,7 @@ def test_the_prompt_is_the_one_chat_builds(engine, monkeypatch):
     """Same ids as the remote chat() would feed generate: Qwen3's template with an empty think block, an image
     id, 64 `<unk>` for the source image and 64 per `<slice>`, and image_bound over exactly those runs."""
     request, images = chat_request("What is this?", SCREEN, max_tokens=4)
-    prepared = engine.prepare(request, images).inputs
+    prepared = engine.prepare(request).inputs
     seen = {}
 
     def stop_generate(**kwargs):
@@ -174,7 +180,7 @@ def test_from_pretrained_on_transformers_5_leaves_the_resampler_position_table_u
     the resampler's table: a plain load has garbage there, the adapter's load the table the code computes."""
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-    from inference_worker.engines.hf.minicpmo import _with_post_init
+    from inference_worker.engines.hf.minicpmo_loading import _with_post_init
 
     with remote_code_compat():
         model_class = _with_post_init(get_class_from_dynamic_module("modeling_minicpmo.MiniCPMO", fresh_copy))
@@ -185,6 +191,7 @@ def test_from_pretrained_on_transformers_5_leaves_the_resampler_position_table_u
     assert torch.equal(engine.model.resampler.pos_embed, computed)
 
 
+@pytest.mark.slow
 def test_the_loaded_model_embeds_as_the_same_weights_built_without_the_meta_device(engine, standin_dir):
     """The vision path after the adapter's load (all four fixes) equals a model constructed normally from the
     config with the checkpoint's weights: mixed-size slices (SigLIP's padding mask), a slice grid, no image."""
@@ -195,7 +202,7 @@ def test_the_loaded_model_embeds_as_the_same_weights_built_without_the_meta_devi
     assert missing == []
     for png in (WIDE, SCREEN, None):
         request, images = chat_request("What is this?", png)
-        inputs = engine.prepare(request, images).inputs
+        inputs = engine.prepare(request).inputs
         data = {"input_ids": inputs.input_ids, "image_bound": [inputs.image_bound],
                 "pixel_values": [inputs.pixel_values], "tgt_sizes": [inputs.tgt_sizes]}
         with torch.inference_mode():
@@ -226,9 +233,9 @@ def test_the_remote_generate_and_chat_fail_on_the_audio_path_and_the_engine_answ
     with pytest.raises(AttributeError, match="apm"):
         engine.model.generate(**inputs, tokenizer=engine.tokenizer, max_new_tokens=6)
 
-    answer = engine.complete(request, images)
+    answer = run_one(engine, request)
     assert answer.finish_reason in ("stop", "length") and 1 <= answer.completion_tokens <= 6
-    assert answer.prompt_tokens == int(engine.prepare(request, images).inputs.input_ids.shape[1])
+    assert answer.prompt_tokens == int(engine.prepare(request).inputs.input_ids.shape[1])
 
 
 def test_remote_chat_without_sampling_is_beam_search_and_decodes_with_hidden_states(engine, monkeypatch):
@@ -251,13 +258,14 @@ def test_remote_chat_without_sampling_is_beam_search_and_decodes_with_hidden_sta
     assert asked["inputs_embeds"].shape[-1] == LLM_HIDDEN
 
 
+@pytest.mark.slow
 def test_code_that_still_does_not_load_gets_a_clear_one_line_error(fresh_copy):
     modeling = fresh_copy / "modeling_minicpmo.py"
     modeling.write_text(modeling.read_text().replace(
         "        super().__init__(config)\n",
         "        super().__init__(config)\n        config.attribute_some_revision_needs\n", 1))
     with pytest.raises(ModelLoadError) as error:
-        load_transformers_engine(str(fresh_copy), device="cpu", progress=False)
+        load_hf_engine(str(fresh_copy), EngineOptions(device="cpu"), progress=False)
     message = str(error.value)
     assert "\n" not in message and f"transformers {transformers.__version__}" in message
     assert "attribute_some_revision_needs" in message and "MiniCPM-V-4.6" in message
@@ -273,17 +281,19 @@ def test_the_mask_shim_is_transformers_4s_padding_mask():
 
 # ---------------------------------------------------------------- answering, batched like any other model
 
+@pytest.mark.slow
 def test_it_answers_about_the_image(engine):
     red, red_images = chat_request(image_png=RED, max_tokens=16)
     blue, blue_images = chat_request(image_png=BLUE, max_tokens=16)
     text_only, _ = chat_request(max_tokens=16)
-    answer = engine.complete(red, red_images)
+    answer = run_one(engine, red)
     assert answer.finish_reason in ("stop", "length") and 1 <= answer.completion_tokens <= 16
-    assert answer.prompt_tokens - engine.complete(text_only, []).prompt_tokens >= QUERY_NUM   # image slots
-    assert answer.text != engine.complete(blue, blue_images).text
-    assert engine.complete(red, red_images).text == answer.text                                # greedy is greedy
+    assert answer.prompt_tokens - run_one(engine, text_only).prompt_tokens >= QUERY_NUM   # image slots
+    assert answer.text != run_one(engine, blue).text
+    assert run_one(engine, red).text == answer.text                                # greedy is greedy
 
 
+@pytest.mark.slow
 def test_batched_rows_equal_their_solo_runs(engine, monkeypatch, vision_encoder_runs):
     """Greedy, sampled, grammar-constrained, sliced, mixed-size-sliced and text-only rows decoded together give
     each row the tokens and logits (1e-5) it gets alone, each with its own token limit; the four rows' images
@@ -309,7 +319,7 @@ def test_batched_rows_equal_their_solo_runs(engine, monkeypatch, vision_encoder_
 def test_a_row_that_cannot_be_embedded_fails_alone_even_when_its_callback_raises(engine):
     bad, bad_images = chat_request(image_png=BLUE, max_tokens=4)
     good, good_images = chat_request(image_png=RED, max_tokens=4)
-    items = [engine.prepare(bad, bad_images), engine.prepare(good, good_images)]
+    items = [engine.prepare(bad), engine.prepare(good)]
     items[0].inputs.image_bound = items[0].inputs.image_bound + 10_000          # points past the prompt
     answers = {}
 
@@ -325,7 +335,7 @@ def test_a_row_that_cannot_be_embedded_fails_alone_even_when_its_callback_raises
 def test_a_row_whose_images_break_the_shared_vision_call_fails_alone(engine, vision_encoder_runs):
     requests = [chat_request(image_png=RED, max_tokens=3), chat_request(image_png=BLUE, max_tokens=3),
                 chat_request(image_png=SCREEN, max_tokens=3)]
-    items = [engine.prepare(r, images) for r, images in requests]
+    items = [engine.prepare(r) for r, images in requests]
     items[1].inputs.tgt_sizes = items[1].inputs.tgt_sizes[:, :1]          # slice sizes without their widths
     answers = {}
     engine.run_batch(items, lambda index, answer: answers.__setitem__(index, answer))
@@ -348,7 +358,7 @@ def test_special_token_strings_in_request_text_stay_text(engine, monkeypatch):
         return embed(data)
     monkeypatch.setattr(engine.model, "get_vllm_embedding", spy)
 
-    answer = engine.complete(request, images)
+    answer = run_one(engine, request)
 
     assert answer.finish_reason in ("stop", "length") and answer.completion_tokens >= 1
     ids = seen[0]["input_ids"][0].tolist()
@@ -359,29 +369,31 @@ def test_special_token_strings_in_request_text_stay_text(engine, monkeypatch):
     assert count("<unk>") == QUERY_NUM                                 # the one image's query slots
 
 
+@pytest.mark.slow
 def test_constrained_output_validates(engine):
     request, images = chat_request(image_png=RED, deskeye_schema=True, max_tokens=256)
-    answers = [engine.complete(with_sampling(request, temperature=1.0, seed=seed), images) for seed in range(4)]
+    answers = [run_one(engine, with_sampling(request, temperature=1.0, seed=seed)) for seed in range(4)]
     for answer in answers:
         jsonschema.validate(json.loads(answer.text), DESKEYE_SCHEMA)
-        assert answer.finish_reason == "stop" and answer.extra["constrained"]
-    truncated = engine.complete(with_sampling(request, max_tokens=5), images)
+        assert answer.finish_reason == "stop" and answer.facts.constrained
+    truncated = run_one(engine, with_sampling(request, max_tokens=5))
     assert truncated.finish_reason == "length" and truncated.completion_tokens == 5
 
 
 def test_a_seed_reproduces_a_sample(engine):
     request, images = chat_request(image_png=RED, max_tokens=12, temperature=1.0, seed=11)
-    assert engine.complete(request, images).text == engine.complete(request, images).text
+    assert run_one(engine, request).text == run_one(engine, request).text
 
 
 def test_a_prompt_longer_than_the_model_takes_is_refused_with_what_to_do(engine):
     request, images = chat_request("word " * 9000, RED, max_tokens=4)
     with pytest.raises(ProtocolError, match=r"more than MiniCPM-o's 8192.*shorter question"):
-        engine.prepare(request, images)
+        engine.prepare(request)
 
 
 # ---------------------------------------------------------------- vision features reused
 
+@pytest.mark.slow
 def test_a_new_question_about_the_same_frame_skips_the_vision_encoder_and_decodes_as_cold(
         engine, vision_encoder_runs, monkeypatch):
     first, images = chat_request("What is on this screen?", SCREEN, max_tokens=12)
@@ -405,12 +417,12 @@ def test_a_different_frame_misses_and_gets_its_own_answer(engine, vision_encoder
     red, red_images = chat_request(image_png=RED, max_tokens=12)
     blue, blue_images = chat_request(image_png=BLUE, max_tokens=12)
     cached = engine_sharing(engine)
-    cached.complete(red, red_images)
+    run_one(cached, red)
 
-    answer = cached.complete(blue, blue_images)
+    answer = run_one(cached, blue)
 
-    assert answer.extra["kv_cache"] == "miss" and len(vision_encoder_runs) == 2
-    assert answer.text == engine_sharing(engine, vision_cache_bytes=0).complete(blue, blue_images).text
+    assert answer.facts.cache == "miss" and len(vision_encoder_runs) == 2
+    assert answer.text == run_one(engine_sharing(engine, vision_cache_bytes=0), blue).text
     assert cached.frame_cache.num_entries == 2 and cached.stats().kv_entries == 2
 
 
@@ -419,10 +431,10 @@ def test_with_the_vision_cache_off_the_encoder_runs_for_every_request(engine, vi
     text_only, _ = chat_request(max_tokens=4)
     uncached = engine_sharing(engine, vision_cache_bytes=0)
 
-    levels = [uncached.complete(request, images).extra["kv_cache"] for _ in range(2)]
+    levels = [run_one(uncached, request).facts.cache for _ in range(2)]
 
     assert levels == ["off", "off"] and len(vision_encoder_runs) == 2 and uncached.frame_cache.num_entries == 0
-    assert engine_sharing(engine).complete(text_only, []).extra["kv_cache"] == "none"
+    assert run_one(engine_sharing(engine), text_only).facts.cache == "none"
 
 
 # ---------------------------------------------------------------- loading facts
@@ -437,7 +449,7 @@ def test_the_vram_estimate_leaves_out_audio_and_tts_weights(engine, standin_dir)
 def test_a_checkpoint_without_its_model_code_is_reported_as_incomplete(fresh_copy):
     (fresh_copy / "modeling_minicpmo.py").unlink()
     with pytest.raises(ModelLoadError, match=r"incomplete.*own model code \(modeling_minicpmo\.py\)"):
-        load_transformers_engine(str(fresh_copy), device="cpu", progress=False)
+        load_hf_engine(str(fresh_copy), EngineOptions(device="cpu"), progress=False)
 
 
 # ---------------------------------------------------------------- the official code, where it is given
@@ -452,7 +464,7 @@ def test_the_official_code_runs_vision_only_and_batched(tmp_path, monkeypatch):
     tiny and random: it loads through the adapter, its chat() fails on the audio path, and batched rows equal
     solo ones."""
     folder = build_minicpmo_standin(tmp_path / "official", code_dir=OFFICIAL_CODE, vision_only=True)
-    official = load_transformers_engine(str(folder), device="cpu", num_threads=1, progress=False)
+    official = load_hf_engine(str(folder), EngineOptions(device="cpu", num_threads=1), progress=False)
     try:
         assert type(official.model).__module__.startswith("transformers_modules.")
         assert not hasattr(official.model, "apm")
@@ -475,6 +487,7 @@ def test_the_official_code_runs_vision_only_and_batched(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- through the worker process
 
+@pytest.mark.slow
 def test_the_worker_batches_minicpmo_requests_and_each_gets_its_solo_answer(standin_dir, tmp_path):
     bodies = [{"model": "deskeye", "messages": build_messages(q, png_bytes(c)), "temperature": 0, "max_tokens": 8}
               for q, c in [("What is this?", (220, 30, 30)), ("Any dialog?", (30, 30, 220)),

@@ -10,12 +10,14 @@ import importlib.util
 
 import pytest
 
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
 from inference_worker.engines.hf.minicpmv import MiniCPMVImageProcessor
 from deskeye.prompt import build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import png_bytes
 from tests.fixtures.worker import running_worker
 from tests.test_batching import COLORS, QUESTIONS, all_at_once, metrics_after
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 
 def test_torchvision_is_not_installed():
@@ -31,12 +33,13 @@ def auto_processor_or_error(folder):
         return exc
 
 
+@pytest.mark.slow
 def test_the_loader_finds_the_image_only_processor_where_auto_processor_cannot(tiny_minicpmv46_dir):
     """AutoProcessor wants the video half (torchvision, video_preprocessor_config.json): it fails or, as FIELD_NOTES
     saw, returns the bare tokenizer. The worker's family table gives MiniCPM-V its image-only processor."""
     auto = auto_processor_or_error(tiny_minicpmv46_dir)
     assert isinstance(auto, Exception) or not hasattr(auto, "image_processor")
-    engine = load_transformers_engine(str(tiny_minicpmv46_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_minicpmv46_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     try:
         assert isinstance(engine.processor, MiniCPMVImageProcessor)
         assert type(engine.model).__name__ == "MiniCPMV4_6ForConditionalGeneration"
@@ -60,6 +63,7 @@ def deskeye_body(question: str, color) -> dict:
             "response_format": deskeye_response_format(), "temperature": 0, "max_tokens": 256}
 
 
+@pytest.mark.slow
 def test_eight_requests_through_the_worker_are_decoded_together_and_each_gets_its_solo_answer(minicpmv46_worker):
     bodies = [deskeye_body(q, c) for q, c in zip(QUESTIONS, COLORS)]
     solo = [minicpmv46_worker.request("POST", "/v1/chat/completions", body) for body in bodies]

@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
-from deskeye.notify import MAX_BODY_CHARS, Notifier, clean_text
+from deskeye.ui.notify import MAX_BODY_CHARS, Notifier, clean_text
 from tests.fixtures.dbus_session import NotificationServer
+
+pytestmark = [pytest.mark.subprocess]
 
 TRICKY = 'Build failed: "tests" <b>bold</b> & $(touch PWNED) `id`; rm -rf ~ — 测试失败'
 
@@ -55,7 +57,7 @@ def test_notify_send_backend_reaches_the_same_bus(notification_server):
 
 def test_no_bus_returns_false_without_raising(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={tmp_path}/no-such-bus")
-    caplog.set_level("INFO", logger="deskeye.notify")
+    caplog.set_level("INFO", logger="deskeye.ui.notify")
     assert Notifier(backend="dbus", timeout_s=1).notify("title", "body") is False
     assert "not shown" in caplog.text
 

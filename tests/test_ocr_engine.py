@@ -1,5 +1,6 @@
 """The OCR engine on real screens: Tk windows drawn on Xvfb with real fonts (DejaVu, Noto Sans CJK),
-grabbed with mss, read by RapidOCR (the PP-OCRv4 models in its wheel) through `OcrEngine.complete`.
+grabbed with mss, read by RapidOCR (the PP-OCRv4 models in its wheel) through the engine's `prepare` and `run_batch`
+(`run_one`).
 
 Each screen must get the right key_objects and a summary that quotes its salient line; every answer
 must validate against DeskEye's schema (deskeye.prompt.DESKEYE_SCHEMA). One Tk root for the module, redrawn per screen, closed
@@ -11,18 +12,26 @@ from __future__ import annotations
 import gc
 import io
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import jsonschema
+import numpy as np
 import pytest
+from PIL import Image
 
-from inference_worker.engines.base import Engine
+from inference_worker.engines.base import Engine, run_one
 from inference_worker.engines.ocr.engine import OcrEngine
-from inference_worker.engines.ocr.reader import OcrReader
+from inference_worker.engines.ocr.reader import OcrReader, to_bgr
 from inference_worker.protocol import ProtocolError, parse_chat_request
 from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format
 from inference_worker.engines.ocr.concepts import compact, match_concepts
+from tests.fixtures.chat_requests import png_of
+from tests.fixtures.text_image import render_text_png
+
+pytestmark = [pytest.mark.desktop, pytest.mark.model]
 
 WIDTH, HEIGHT, LEFT, TOP = 640, 400, 40, 40
 SANS, MONO, CJK = "DejaVu Sans", "DejaVu Sans Mono", "Noto Sans CJK SC"
@@ -129,10 +138,10 @@ def show_and_grab(root, screen: Screen):
 
 
 def ask(engine, image, question: str = "What is on this screen?", json_answer: bool = True):
-    body = {"model": "deskeye-ocr", "messages": build_messages(question, None)}
+    body = {"model": "deskeye-ocr", "messages": build_messages(question, png_of(image))}
     if json_answer:
         body["response_format"] = deskeye_response_format()
-    completion = engine.complete(parse_chat_request(body), [image])
+    completion = run_one(engine, parse_chat_request(body))
     if not json_answer:
         return completion
     answer = json.loads(completion.text)
@@ -157,13 +166,14 @@ def squashed(text: str) -> str:
 
 # ------------------------------------------------------------------ the four screens
 
+@pytest.mark.slow
 def test_chinese_inbox_is_an_email_inbox_with_its_unread_count(screens):
     image, answer, completion = screens["inbox"]
     assert answer["key_objects"][0] == "email inbox", answer
     assert "3 unread" in answer["key_objects"], answer
     assert answer["summary"].startswith("An email inbox “"), answer     # its header bar names the window
     assert "邮件-收件箱" in squashed(answer["summary"]), answer          # the title line, quoted
-    assert completion.extra["ocr"]["full_reads"] == 1
+    assert completion.facts.ocr.full_reads == 1
 
 
 def test_the_inbox_concept_matched_through_its_chinese_words(engine, screens):
@@ -202,7 +212,7 @@ def test_a_question_puts_the_lines_that_mention_it_first(engine, screens):
     ask(engine, image)
     answer, completion = ask(engine, image, "When does the design review start?")
     assert answer["summary"].startswith("About “design”, “review”, “start”: “Design review”"), answer
-    assert completion.extra["ocr"]["num_regions_read"] == 0          # the same frame again: nothing re-read
+    assert completion.facts.ocr.num_regions_read == 0          # the same frame again: nothing re-read
     chinese, _ = ask(engine, image, "设计评审什么时候开始？")
     assert "会议提醒:设计评审即将开始" in squashed(chinese["summary"]).split("also")[0], chinese
 
@@ -221,27 +231,30 @@ def test_plain_text_answer_without_response_format(engine, screens):
 def test_a_request_without_an_image_is_a_clear_error(engine):
     request = parse_chat_request({"model": "x", "messages": [{"role": "user", "content": "What is on screen?"}]})
     with pytest.raises(ProtocolError, match="has none: send the screen as an image_url part") as caught:
-        engine.complete(request, [])
+        run_one(engine, request)
     assert caught.value.status == 400 and caught.value.param == "messages"
 
 
 def test_a_schema_the_ocr_answer_cannot_fit_is_refused(engine, screens):
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
-    request = parse_chat_request({"model": "x", "messages": build_messages("What?", None), "response_format": {
-        "type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+    request = parse_chat_request({"model": "x", "messages": build_messages("What?", png_of(screens["inbox"][0])),
+                                  "response_format": {"type": "json_schema", "json_schema": {"name": "n",
+                                                                                             "schema": schema}}})
     with pytest.raises(ProtocolError, match="only answers in DeskEye's schema") as caught:
-        engine.complete(request, [screens["inbox"][0]])
+        run_one(engine, request)
     assert caught.value.param == "response_format"
 
 
 def test_json_object_requests_get_the_deskeye_answer(engine, screens):
-    request = parse_chat_request({"model": "x", "messages": build_messages("What is this?", None),
+    request = parse_chat_request({"model": "x", "messages": build_messages("What is this?",
+                                                                           png_of(screens["inbox"][0])),
                                   "response_format": {"type": "json_object"}})
-    answer = json.loads(engine.complete(request, [screens["inbox"][0]]).text)
+    answer = json.loads(run_one(engine, request).text)
     jsonschema.validate(answer, DESKEYE_SCHEMA)
     assert answer["key_objects"][0] == "email inbox"
 
 
+@pytest.mark.slow
 def test_models_load_when_the_engine_is_built_or_on_first_use_never_at_import():
     reader = OcrReader()
     assert not reader.is_loaded
@@ -291,7 +304,8 @@ def test_a_frame_with_one_changed_line_re_reads_only_that_line():
 def test_changed_regions_cover_whole_old_lines_and_merge_neighbours():
     import numpy as np
 
-    from inference_worker.engines.ocr.reader import OcrLine, changed_regions
+    from inference_worker.engines.ocr.reader import OcrLine
+    from inference_worker.engines.ocr.regions import changed_regions
 
     diff = np.zeros((200, 300 * 3), dtype=np.uint8)
     diff[52:56, 3 * 40:3 * 44] = 200                          # one glyph of a line changed
@@ -355,28 +369,93 @@ class RecordingEngine(Engine):
         self.inner, self.kind, self.model_name = inner, inner.kind, inner.model_name
         self.seen: list = []
 
-    def complete(self, request, images):
+    def prepare(self, request, cancelled=None):
         self.seen.append(request)
-        return self.inner.complete(request, images)
+        return self.inner.prepare(request, cancelled)
+
+    def run_batch(self, items, on_done, take_more=None):
+        self.inner.run_batch(items, on_done, take_more)
 
 
+@pytest.mark.slow
 def test_grounded_tiny_vlm_sees_the_ocr_text(tiny_idefics3_dir, grounding_image):
     from inference_worker.engines.ocr.grounding import with_ocr_grounding
-    from inference_worker.engines.hf.engine import load_transformers_engine
+    from inference_worker.engines import EngineOptions, load_hf_engine
 
-    model = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    model = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     recording = RecordingEngine(model)
     grounded = with_ocr_grounding(recording)
     png = io.BytesIO()
     grounding_image.save(png, format="PNG")
     body = {"model": "x", "messages": build_messages("What is on this screen?", png.getvalue()), "max_tokens": 4}
     request = parse_chat_request(body)
-    plain = model.complete(request, [grounding_image])
-    completion = grounded.complete(request, [grounding_image])
+    plain = run_one(model, request)
+    completion = run_one(grounded, request)
     system_seen = recording.seen[-1].messages[0].text
     assert '"Quarterly budget review"' in system_seen and grounded.kind == model.kind
-    assert completion.extra["ocr_grounding"]["num_lines"] == 2
+    assert completion.facts.ocr_grounding.num_lines == 2
     assert completion.prompt_tokens > plain.prompt_tokens + 10          # the model's prompt really grew
+    grounded.close()
+
+
+class TurnTakingProbe(OcrReader):
+    """The real reader (real models, real state), with two observation points that let the test start the second
+    request exactly while the first one is reading: `_read_regions` signals that frame B's read is under way, and a
+    read of frame A, once it has diffed its frame against the previous one, waits (at most 30 s) until frame B's
+    read has returned. Reads that take turns pass straight through; reads that overlap mix their state."""
+
+    def __init__(self, frame_a, frame_b):
+        super().__init__()
+        self.frame_a, self.frame_b = to_bgr(frame_a), to_bgr(frame_b)
+        self.is_armed = False
+        self.b_reading, self.b_returned = threading.Event(), threading.Event()
+
+    def _is(self, bgr, frame) -> bool:
+        return self.is_armed and bgr.shape == frame.shape and np.array_equal(bgr, frame)
+
+    def read(self, frame):
+        result = super().read(frame)
+        if self._is(to_bgr(frame), self.frame_b):
+            self.b_returned.set()
+        return result
+
+    def _changed_regions(self, bgr):
+        regions = super()._changed_regions(bgr)
+        if self._is(bgr, self.frame_a):
+            self.b_returned.wait(timeout=30)
+        return regions
+
+    def _read_regions(self, bgr, regions):
+        if self._is(bgr, self.frame_b):
+            self.b_reading.set()
+        return super()._read_regions(bgr, regions)
+
+
+@pytest.mark.slow
+def test_grounded_requests_prepared_side_by_side_each_carry_their_own_frames_lines():
+    """Two requests with different frames prepared at once on the worker's kind of pool threads: each grounded
+    prompt carries its own frame's lines and none of the other's (the reader keeps the previous frame's lines)."""
+    from inference_worker.engines.ocr.grounding import OcrGroundedEngine
+
+    pngs = {"a": render_text_png(["Alpha invoice 4411", "Alpha meeting Monday"], width=700),
+            "b": render_text_png(["Bravo garden 7702", "Bravo concert Friday"], width=700)}
+    frames = {name: Image.open(io.BytesIO(data)).convert("RGB") for name, data in pngs.items()}
+    reader = TurnTakingProbe(frames["a"], frames["b"])
+    reader.load()
+    grounded = OcrGroundedEngine(OcrEngine(preload=False), reader)
+    requests = {name: parse_chat_request({"model": "x", "messages": build_messages("What is here?", data)})
+                for name, data in pngs.items()}
+    grounded.prepare(requests["a"])                 # the reader now holds frame A and its lines
+    reader.is_armed = True
+    with ThreadPoolExecutor(2, thread_name_prefix="deskeye-prepare") as pool:
+        b = pool.submit(grounded.prepare, requests["b"])
+        assert reader.b_reading.wait(timeout=60)
+        a = pool.submit(grounded.prepare, requests["a"])
+        prompts = {"a": a.result(timeout=120), "b": b.result(timeout=120)}
+    for name, other, prepared in (("a", "Bravo", prompts["a"]), ("b", "Alpha", prompts["b"])):
+        system = prepared.inputs[0].request.messages[0].text
+        own = "Alpha" if name == "a" else "Bravo"
+        assert system.count(own) == 2 and other not in system, (name, system)
     grounded.close()
 
 

@@ -23,6 +23,8 @@ from inference_worker.engines.ocr import models as ocr_models
 from inference_worker.engines.ocr import reader as ocr_reader
 from inference_worker.engines.ocr.reader import OcrConfig, OcrReader
 
+pytestmark = [pytest.mark.subprocess]
+
 REPO = Path(__file__).resolve().parent.parent
 FONTS = {"sans": "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
          "mono": "/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf",
@@ -69,6 +71,7 @@ def readers():
     simplified.close()
 
 
+@pytest.mark.slow
 def test_the_simplified_recogniser_reads_every_crop_as_the_wheels_model_does(readers):
     shipped, simplified = readers
     assert shipped._ocr.num_rewrites == {"det": 0, "rec": 0}
@@ -109,6 +112,7 @@ def test_the_simplified_graphs_have_the_per_pixel_passes_folded_away(model):
     assert after["Mul"] + after["Add"] + after["Div"] < 0.6 * (before["Mul"] + before["Add"] + before["Div"]), after
 
 
+@pytest.mark.slow
 def test_the_simplified_detector_finds_the_boxes_the_wheels_model_finds(readers):
     shipped, simplified = readers
     for image in (render_screen(), render_screen(1024, 768)):
@@ -139,26 +143,29 @@ def test_a_frame_off_the_detectors_grid_is_detected_by_rapidocr_itself(readers):
 FIRST_ANSWERS = textwrap.dedent("""
     import gc, json, sys
     import psutil
+    from inference_worker.engines.base import run_one
     from inference_worker.engines.ocr.engine import OcrEngine
     from inference_worker.engines.ocr.reader import OcrConfig
     from inference_worker.protocol import parse_chat_request
     from deskeye.prompt import build_messages, deskeye_response_format
+    from tests.fixtures.chat_requests import png_of
     from tests.test_ocr_models import render_screen
 
     frames = [render_screen(), render_screen()]
     frames[1].paste((250, 250, 250), (0, 0, 800, 40))                 # a second frame, a little different
     config = OcrConfig() if sys.argv[1] == "warm" else OcrConfig(warm_up_frame_px=(0, 0))
     engine = OcrEngine(config)
-    request = parse_chat_request({"model": "deskeye-ocr", "response_format": deskeye_response_format(),
-                                  "messages": build_messages("What is on this screen?", None)})
+    requests = [parse_chat_request({"model": "deskeye-ocr", "response_format": deskeye_response_format(),
+                                    "messages": build_messages("What is on this screen?", png_of(frame))})
+                for frame in frames]
     process, answers = psutil.Process(), []
-    for frame in frames:
+    for request in requests:
         gc.collect()
         modules, rss = set(sys.modules), process.memory_info().rss
-        completion = engine.complete(request, [frame])
+        completion = run_one(engine, request)
         answers.append({"grown_mib": (process.memory_info().rss - rss) / 2 ** 20,
                         "new_modules": sorted(set(sys.modules) - modules),
-                        "lines": completion.extra["ocr"]["num_lines"],
+                        "lines": completion.facts.ocr.num_lines,
                         "summary": json.loads(completion.text)["summary"]})
     print(json.dumps({"load_s": engine.reader.load_s, "answers": answers}))
 """)
@@ -171,6 +178,7 @@ def first_answers(mode: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_warm_up_at_load_leaves_nothing_to_load_or_allocate_for_the_first_answers():
     warm, cold = first_answers("warm"), first_answers("cold")
     for answer in warm["answers"]:
@@ -185,6 +193,7 @@ def test_the_warm_up_at_load_leaves_nothing_to_load_or_allocate_for_the_first_an
     assert warm["load_s"] > cold["load_s"]                      # the warm-up is part of the load
 
 
+@pytest.mark.slow
 def test_the_warm_up_runs_when_loading_ahead_and_leaves_no_trace_a_first_read_loads_without_it():
     ahead = OcrReader()
     ahead.load()
@@ -200,6 +209,7 @@ def test_the_warm_up_runs_when_loading_ahead_and_leaves_no_trace_a_first_read_lo
     lazy.close()
 
 
+@pytest.mark.slow
 def test_without_the_onnx_package_the_models_run_as_shipped_and_read_the_same(readers, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)                      # `import onnx` raises ImportError
     reader = OcrReader(OcrConfig(warm_up_frame_px=(0, 0)))

@@ -20,6 +20,8 @@ import pytest
 
 from deskeye.prompt import DESKEYE_SCHEMA
 
+pytestmark = [pytest.mark.subprocess]
+
 REPO = Path(__file__).resolve().parent.parent
 LINES = ["Quarterly budget review", "Invoice 4471 overdue", "收件箱 3 封未读邮件"]
 
@@ -49,13 +51,15 @@ CHILD = textwrap.dedent("""
 
     from inference_worker.config import WorkerConfig
     from inference_worker.engines import load_engine
+    from inference_worker.engines.base import run_one
     from inference_worker.protocol import parse_chat_request
     from deskeye.prompt import build_messages, deskeye_response_format
+    from tests.fixtures.chat_requests import png_of
 
     engine = load_engine(WorkerConfig())              # no model configured: the default engine
     request = parse_chat_request({"model": "deskeye-ocr", "response_format": deskeye_response_format(),
-                                  "messages": build_messages("What is on this screen?", None)})
-    completion = engine.complete(request, [image])
+                                  "messages": build_messages("What is on this screen?", png_of(image))})
+    completion = run_one(engine, request)
     print(json.dumps({"loopback": loopback, "outside": outside, "kind": engine.kind,
                       "answer": json.loads(completion.text),
                       "heavy_modules": sorted(m for m in ("torch", "transformers", "huggingface_hub")
@@ -77,6 +81,7 @@ def netns_unavailable_reason() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_ocr_engine_answers_with_the_network_cut(tmp_path):
     reason = netns_unavailable_reason()
     if reason:

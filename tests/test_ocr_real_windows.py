@@ -1,10 +1,10 @@
 """The OCR engine on real programs under a real window manager: openbox on its own Xvfb, with xterm running a real
 `python3` traceback, zenity dialogs (error, warning, question), a list, a form and a Chinese report, gnumeric
 with a CSV file, xedit with Python code, xclock and xcalc — all started at test time, grabbed with mss, read by
-RapidOCR through `OcrEngine.complete`.
+RapidOCR through the engine's `prepare` and `run_batch` (`run_one`).
 
 Each test checks the kind, the title and the key objects, with window facts read from the X server by
-`deskeye.window_facts` (as the app sends them) and without (`describe --image`: pixels only). The rules under
+`deskeye.see.window_facts` (as the app sends them) and without (`describe --image`: pixels only). The rules under
 test work from layout (boxes, colours) and facts, so none of the strings below appears in the engine's code.
 """
 
@@ -24,11 +24,15 @@ import jsonschema
 import pytest
 
 from deskeye.prompt import DESKEYE_SCHEMA, build_messages, deskeye_response_format
-from deskeye.window_facts import Region, deskeye_extension, windows_in_region
+from deskeye.see.window_facts import Region, deskeye_extension
+from deskeye.see.x11_windows import windows_in_region
+from inference_worker.engines.base import run_one
 from inference_worker.engines.ocr.engine import OcrEngine
 from inference_worker.protocol import ProtocolError, parse_chat_request, parse_window_facts
-from tests.fixtures.polling import wait_until
+from tests.fixtures.chat_requests import png_of
 from tests.fixtures.real_desktop import start_real_desktop
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 REGION = Region(112, 84, 800, 600)            # what DeskEye watches: 800x600 of a 1024x768 screen
 CORNER = (REGION.left, REGION.top)
@@ -86,12 +90,12 @@ def describe(engine, desktop, *, with_facts: bool):
     """Grab the region and describe it as the app does (facts from X in the request) or as describe --image."""
     image = desktop.grab((REGION.left, REGION.top, REGION.width, REGION.height))
     facts = windows_in_region(REGION, desktop.display.name) if with_facts else []
-    body = {"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", None),
+    body = {"model": "deskeye-ocr", "messages": build_messages("What is on this screen?", png_of(image)),
             "response_format": deskeye_response_format()}
     if facts:
         body["deskeye"] = deskeye_extension(facts)
     engine.reader.reset()
-    completion = engine.complete(parse_chat_request(body), [image])
+    completion = run_one(engine, parse_chat_request(body))
     answer = json.loads(completion.text)
     jsonschema.validate(answer, DESKEYE_SCHEMA)
     return answer, facts
@@ -108,6 +112,7 @@ def shell_session(desktop, files, xterm_args: list[str], prompt: str, commands: 
 
 # ------------------------------------------------------------------ terminals and dialogs
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_facts", [True, False], ids=["facts", "pixels"])
 def test_a_python_traceback_in_xterm_is_a_terminal_with_the_error_and_its_lines(engine, screen, files, with_facts):
     terminal_with_traceback(screen, files)
@@ -122,6 +127,7 @@ def test_a_python_traceback_in_xterm_is_a_terminal_with_the_error_and_its_lines(
         assert facts[0].title == "bash" and "xterm" in facts[0].app.lower() and facts[0].focused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_facts", [True, False], ids=["facts", "pixels"])
 def test_an_error_dialog_in_front_of_a_terminal_is_told_first_with_its_title(engine, screen, files, with_facts):
     terminal_with_traceback(screen, files)
@@ -137,6 +143,7 @@ def test_an_error_dialog_in_front_of_a_terminal_is_told_first_with_its_title(eng
         assert [f.title for f in facts] == ["Save failed", "bash"] and facts[0].focused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flag", "title", "text", "kind"), [
     ("--warning", "Unsaved changes", "The document has unsaved changes.\nThey will be lost if you close it.",
      "warning dialog"),
@@ -173,6 +180,7 @@ def view_of(engine, desktop, title: str):
     return faithful_lines(view.lines, bgr), bgr, view
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("colour", XTERM_COLOURS)
 @pytest.mark.parametrize("font", XTERM_FONTS)
 def test_a_shell_session_on_a_monospace_grid_is_a_terminal_light_or_dark(engine, screen, files, font, colour):
@@ -196,6 +204,7 @@ def test_a_shell_session_on_a_monospace_grid_is_a_terminal_light_or_dark(engine,
         assert re.search(r"calc\.p|budget|report|todo", answer["summary"]), answer   # what the shell printed
 
 
+@pytest.mark.slow
 def test_a_terminal_with_no_prompt_shown_is_told_by_its_grid_and_commands(engine, screen, files):
     shell_session(screen, files, [*XTERM_COLOURS["light"], "-geometry", "84x28", "-fa", "Monospace", "-fs", "12"], "",
                   ["cat todo.txt", "wc -l todo.txt calc.py", "ls /usr/share | head -12"])
@@ -203,6 +212,7 @@ def test_a_terminal_with_no_prompt_shown_is_told_by_its_grid_and_commands(engine
     assert answer["key_objects"][0] == "terminal" and answer["summary"].startswith("A terminal “bash”: "), answer
 
 
+@pytest.mark.slow
 def test_source_code_on_a_monospace_grid_is_a_code_editor(engine, screen, files):
     """xterm showing a file with `less` has the grid, not a shell session: what a person calls it depends on what
     is shown; the monospace measure alone does not make a terminal."""
@@ -217,6 +227,7 @@ def test_source_code_on_a_monospace_grid_is_a_code_editor(engine, screen, files)
     assert "class Ledger:" in answer["summary"], answer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_facts", [True, False], ids=["facts", "pixels"])
 def test_a_proportional_document_about_the_shell_is_not_a_terminal(engine, screen, files, with_facts):
     """Its lines quote a prompt (`$ ls -l ~/photos`, which alone makes a terminal) and a shell's errors, in a
@@ -238,6 +249,7 @@ def test_a_proportional_document_about_the_shell_is_not_a_terminal(engine, scree
 
 # ------------------------------------------------------------------ tables, editors, clocks
 
+@pytest.mark.slow
 def test_a_gnumeric_spreadsheet_is_a_spreadsheet_with_its_title(engine, screen, files):
     screen.launch(["gnumeric", "--no-splash", str(files / "budget.csv")], "gnumeric", at=CORNER, timeout_s=120,
                   settle_s=3)
@@ -255,6 +267,7 @@ def test_a_gnumeric_spreadsheet_is_a_spreadsheet_with_its_title(engine, screen, 
         assert answer["summary"].startswith("An error dialog “Save failed”: "), answer
 
 
+@pytest.mark.slow
 def test_xedit_with_python_code_is_a_code_editor(engine, screen, files):
     screen.launch(["xedit", "-geometry", "780x560", str(files / "ledger.py")], "xedit", at=CORNER)
     for with_facts in (True, False):
@@ -263,6 +276,7 @@ def test_xedit_with_python_code_is_a_code_editor(engine, screen, files):
         assert "class Ledger:" in answer["summary"], answer
 
 
+@pytest.mark.slow
 def test_xclock_and_xcalc_are_a_clock_and_a_calculator(engine, screen):
     screen.launch(["xclock", "-digital", "-geometry", "360x60", "-face", "DejaVu Sans-20"], "xclock", at=(130, 100))
     screen.launch(["xcalc", "-geometry", "300x420"], "xcalc", at=(500, 200))
@@ -276,6 +290,7 @@ def test_xclock_and_xcalc_are_a_clock_and_a_calculator(engine, screen):
 
 # ------------------------------------------------------------------ words inside windows
 
+@pytest.mark.slow
 def test_a_chinese_report_is_a_document_and_keeps_its_amounts(engine, screen, files):
     screen.launch(["zenity", "--text-info", "--title=周报 - report.txt", "--width=700", "--height=500",
                    f"--filename={files / 'report.txt'}"], "zenity", at=CORNER)
@@ -288,6 +303,7 @@ def test_a_chinese_report_is_a_document_and_keeps_its_amounts(engine, screen, fi
         assert "“周报" in answer["summary"] and "本周工作周报" in answer["summary"], answer
 
 
+@pytest.mark.slow
 def test_an_inbox_list_is_not_a_sign_in_form(engine, screen):
     rows = ["IT Support", "Password expires in 3 days", "09:12", "Alice Chen", "Quarterly numbers", "08:40",
             "GitHub", "CI passed on main", "Yesterday", "Bob", "Lunch on Thursday?", "Mon"]
@@ -299,6 +315,7 @@ def test_an_inbox_list_is_not_a_sign_in_form(engine, screen):
     assert answer["summary"].startswith("An email inbox “Inbox - Mail”: "), answer
 
 
+@pytest.mark.slow
 def test_labelled_fields_make_a_form(engine, screen):
     screen.launch(["zenity", "--forms", "--title=New account", "--text=Create your account", "--add-entry=Full name",
                    "--add-entry=Email", "--add-entry=Phone"], "zenity", at=CORNER)
@@ -321,6 +338,7 @@ OWN_WINDOW = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_window_facts_list_the_region_front_first_without_deskeyes_own_windows(screen, files):
     terminal_with_traceback(screen, files)
     own = subprocess.Popen([sys.executable, "-c", OWN_WINDOW], env=screen.env(), stdin=subprocess.PIPE,
@@ -372,6 +390,7 @@ def render_rows(rows: list[str], *, background: str = "white", ink: str = "black
     return image
 
 
+@pytest.mark.slow
 def test_caret_and_tilde_rows_are_not_told_as_letters():
     from inference_worker.engines.ocr.reader import OcrConfig, OcrReader, to_bgr
     from inference_worker.engines.ocr.screen import faithful_lines
@@ -421,13 +440,14 @@ def test_a_line_seen_before_is_not_recognised_again():
 
 # ------------------------------------------------------------------ the app's path: capture -> client -> worker
 
+@pytest.mark.slow
 def test_the_app_sends_the_window_facts_and_the_worker_tells_the_foreground_dialog_first(screen, files, monkeypatch):
     """Real capture (mss + window facts from X) -> WorkerClient (openai) -> a supervised `deskeye-worker --engine
     ocr` subprocess: the foreground dialog is told first, under the title X gives it."""
-    from deskeye.capture import grab_frame
-    from deskeye.client import WorkerClient
+    from deskeye.see.capture import grab_frame
+    from deskeye.worker.client import WorkerClient
     from deskeye.settings import Settings, with_overrides
-    from deskeye.supervisor import WorkerSupervisor
+    from deskeye.worker.supervisor import WorkerSupervisor
 
     terminal_with_traceback(screen, files)
     screen.launch(["zenity", "--error", "--title=Disk full", "--text=No space left on the device."], "zenity",
@@ -451,6 +471,7 @@ def test_the_app_sends_the_window_facts_and_the_worker_tells_the_foreground_dial
     assert answer.key_objects[0] == "error dialog" and "terminal" in answer.key_objects, answer
 
 
+@pytest.mark.slow
 def test_any_window_facts_give_an_answer_inside_the_schema():
     """Facts are request content (untrusted): windows off the frame, empty, nested, with hostile titles."""
     import random
@@ -467,9 +488,9 @@ def test_any_window_facts_give_an_answer_inside_the_schema():
                 windows.append({"title": rng.choice(["", "“quoted” \"json\"", "\x1b[31mred", "x" * 400, "错误 dialog"]),
                                 "app": rng.choice(["", "xterm XTerm", "DeskEye DeskEye"]), "box": box,
                                 "focused": rng.random() < 0.2})
-            body = {"model": "x", "messages": build_messages("What is on this screen?", None),
+            body = {"model": "x", "messages": build_messages("What is on this screen?", png_of(image)),
                     "response_format": deskeye_response_format(), "deskeye": {"windows": windows}}
-            answer = json.loads(engine.complete(parse_chat_request(body), [image]).text)
+            answer = json.loads(run_one(engine, parse_chat_request(body)).text)
             jsonschema.validate(answer, DESKEYE_SCHEMA)
     finally:
         engine.close()

@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import jsonschema
@@ -19,8 +18,9 @@ import numpy as np
 import pytest
 
 from deskeye.prompt import Turn, build_messages, deskeye_response_format
+from inference_worker.engines.base import run_one
 from tests.fixtures.chat_requests import chat_request, png_bytes
-from tests.fixtures.openvino_models import build_exportable_llava, export_ir
+from tests.fixtures.openvino_models import build_exportable_llava, export_ir, export_side_by_side
 from tests.fixtures.worker import REPO_ROOT, start_worker, worker_env
 
 pytestmark = pytest.mark.timeout(1800)
@@ -33,32 +33,38 @@ def llava_source(tmp_path_factory) -> Path:
     return build_exportable_llava(tmp_path_factory.mktemp("ov_llava_source"))
 
 
-def _exported(llava_source: Path, out: Path, weight_format: str) -> Path:
-    done = export_ir(llava_source, out, weight_format)
-    assert done.returncode == 0, f"export failed:\n{done.stderr[-3000:]}"
-    assert "[3/3] done" in done.stderr                      # the progress lines of the documented command
-    return out
+@pytest.fixture(scope="session")
+def exported(llava_source, tmp_path_factory) -> dict[str, Path]:
+    """Both exports of the session, made side by side: each format's IR folder."""
+    out = tmp_path_factory.mktemp("ov_ir")
+    folders = {}
+    for weight_format, done in export_side_by_side(llava_source, out, ("int8", "fp32")).items():
+        assert done.returncode == 0, f"{weight_format} export failed:\n{done.stderr[-3000:]}"
+        assert "[3/3] done" in done.stderr                  # the progress lines of the documented command
+        folders[weight_format] = out / weight_format
+    return folders
 
 
 @pytest.fixture(scope="session")
-def ir_int8(llava_source, tmp_path_factory) -> Path:
-    return _exported(llava_source, tmp_path_factory.mktemp("ov_ir") / "int8", "int8")
+def ir_int8(exported) -> Path:
+    return exported["int8"]
 
 
 @pytest.fixture(scope="session")
-def ir_fp32(llava_source, tmp_path_factory) -> Path:
-    return _exported(llava_source, tmp_path_factory.mktemp("ov_ir") / "fp32", "fp32")
+def ir_fp32(exported) -> Path:
+    return exported["fp32"]
 
 
 def _engine(folder: Path, cache_dir: Path, **options):
     from inference_worker.engines.openvino.engine import OpenVINOEngine
     from inference_worker.engines.openvino.runtime import RuntimeOptions
     keep_logits = options.pop("keep_logits", False)
-    return OpenVINOEngine(folder, RuntimeOptions(cache_dir=cache_dir, **options), keep_logits=keep_logits)
+    return OpenVINOEngine(folder, runtime=RuntimeOptions(cache_dir=cache_dir, **options), keep_logits=keep_logits)
 
 
 # ------------------------------------------------------------------ the export
 
+@pytest.mark.slow
 def test_export_writes_int8_weights_a_third_of_fp32_or_less(llava_source, ir_int8, ir_fp32):
     for part in ("openvino_language_model", "openvino_vision_embeddings_model", "openvino_text_embeddings_model"):
         assert (ir_int8 / f"{part}.xml").is_file() and (ir_int8 / f"{part}.bin").is_file()
@@ -70,16 +76,16 @@ def test_export_writes_int8_weights_a_third_of_fp32_or_less(llava_source, ir_int
     assert int8_bytes <= 0.3 * fp32_bytes, (int8_bytes, fp32_bytes)
 
 
-def test_export_refuses_an_unsupported_architecture_in_one_line(tmp_path, ir_int8):
-    from tests.fixtures.tiny_models import build_tiny_minicpmv46
-    source = build_tiny_minicpmv46(tmp_path / "minicpmv46")
-    done = export_ir(source, tmp_path / "out")
+@pytest.mark.slow
+def test_export_refuses_an_unsupported_architecture_in_one_line(tiny_minicpmv46_dir, tmp_path, ir_int8):
+    done = export_ir(tiny_minicpmv46_dir, tmp_path / "out")
     assert done.returncode == 3
     lines = [line for line in done.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and "MiniCPM-V 4.6" in lines[0] and "transformers engine" in lines[0]
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_export_refuses_an_architecture_optimum_does_not_know(tmp_path, ir_int8):
     source = tmp_path / "odd"
     source.mkdir()
@@ -91,6 +97,7 @@ def test_export_refuses_an_architecture_optimum_does_not_know(tmp_path, ir_int8)
 
 # ------------------------------------------------------------------ the runtime settings
 
+@pytest.mark.slow
 def test_compiled_model_reports_u8_kv_latency_physical_cores_and_fills_the_cache_dir(ir_int8, tmp_path):
     import platformdirs
 
@@ -107,6 +114,7 @@ def test_compiled_model_reports_u8_kv_latency_physical_cores_and_fills_the_cache
 
 # ------------------------------------------------------------------ answers
 
+@pytest.mark.slow
 def test_greedy_answers_match_the_transformers_engine_on_the_fp32_export(llava_source, ir_fp32, tmp_path):
     """Same weights (the folder that was exported), same prompt: identical greedy tokens, JSON and free text,
     with the u8 KV cache as served; first-step logits within 1e-4 of torch's (f32 inference: this CPU's default
@@ -122,44 +130,47 @@ def test_greedy_answers_match_the_transformers_engine_on_the_fp32_export(llava_s
     engine = _engine(ir_fp32, tmp_path / "cache", inference_precision="f32", keep_logits=True)
     image = png_bytes((200, 30, 30))
     for schema, max_tokens in ((True, 60), (False, 40)):
-        request, images = chat_request("What is on this screen?", image, deskeye_schema=schema, max_tokens=max_tokens)
-        want, got = reference.complete(request, images), engine.complete(request, images)
+        request, _ = chat_request("What is on this screen?", image, deskeye_schema=schema, max_tokens=max_tokens)
+        want, got = run_one(reference, request), run_one(engine, request)
         assert got.text == want.text and got.completion_tokens == want.completion_tokens
-    prompt = engine.prepare(request, images).inputs
+    prompt = engine.prepare(request).inputs
     with torch.no_grad():
         torch_logits = loaded.model(input_ids=torch.from_numpy(prompt.input_ids),
                                     pixel_values=torch.from_numpy(prompt.pixel_values)).logits[0, -1].numpy()
-    assert np.abs(got.extra["logits"][0] - torch_logits).max() < 1e-4
+    assert np.abs(got.facts.logits[0] - torch_logits).max() < 1e-4
     engine.close()
 
 
+@pytest.mark.slow
 def test_sampled_json_answers_are_all_schema_valid_and_the_frame_is_reused(ir_int8, tmp_path):
     engine = _engine(ir_int8, tmp_path / "cache")
     image = png_bytes((30, 200, 30))
     for seed in range(12):
-        request, images = chat_request("Describe it.", image, deskeye_schema=True, max_tokens=1024,
+        request, _ = chat_request("Describe it.", image, deskeye_schema=True, max_tokens=1024,
                                        temperature=1.0, top_p=0.95, seed=seed)
-        answer = engine.complete(request, images)
-        assert answer.finish_reason == "stop" and answer.extra["constrained"]
+        answer = run_one(engine, request)
+        assert answer.finish_reason == "stop" and answer.facts.constrained
         jsonschema.validate(json.loads(answer.text), SCHEMA)
-        assert answer.extra["vision_cache"] == (seed > 0)               # one vision encode for the same frame
+        assert answer.facts.cache == ("exact" if seed > 0 else "miss")  # one vision encode for the same frame
     assert engine.stats().kv_entries == 1
     engine.close()
 
 
+@pytest.mark.slow
 def test_a_cancelled_row_stops_decoding(ir_int8, tmp_path):
     from inference_worker.engines.base import RowCancelled
     engine = _engine(ir_int8, tmp_path / "cache")
-    request, images = chat_request("Describe it.", png_bytes((1, 2, 3)), max_tokens=200)
-    item = engine.prepare(request, images)
+    request, _ = chat_request("Describe it.", png_bytes((1, 2, 3)), max_tokens=200)
+    item = engine.prepare(request)
     item.cancelled.set()
     steps_before = engine.stats().num_decode_steps
     with pytest.raises(RowCancelled):
-        engine.complete_prepared(item)
+        engine.answer(item)
     assert engine.stats().num_decode_steps == steps_before
     engine.close()
 
 
+@pytest.mark.slow
 def test_worker_serves_the_ir_folder_to_the_openai_client(ir_int8, tmp_path):
     worker = start_worker(["--engine", "openvino", "--model", str(ir_int8), "--cache-dir", str(tmp_path / "c")],
                           tmp_path)
@@ -182,6 +193,7 @@ def test_worker_serves_the_ir_folder_to_the_openai_client(ir_int8, tmp_path):
         assert worker.stop() == 0
 
 
+@pytest.mark.slow
 def test_auto_picks_openvino_for_an_ir_folder(ir_int8, tmp_path):
     from inference_worker.config import WorkerConfig
     from inference_worker.engines import load_engine
@@ -203,11 +215,13 @@ def _start_and_fail(args: list[str], tmp_path: Path) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_transformers_folder_is_refused_in_one_line(llava_source, tmp_path):
     line = _start_and_fail(["--engine", "openvino", "--model", str(llava_source)], tmp_path)
     assert "is not an OpenVINO IR folder" in line and "export_openvino.sh" in line
 
 
+@pytest.mark.slow
 def test_an_ir_folder_of_another_family_is_refused_in_one_line(ir_int8, tmp_path):
     folder = shutil.copytree(ir_int8, tmp_path / "other")
     config = json.loads((folder / "config.json").read_text())
@@ -216,6 +230,7 @@ def test_an_ir_folder_of_another_family_is_refused_in_one_line(ir_int8, tmp_path
     assert "'qwen2_vl' IR model" in line and "llava" in line
 
 
+@pytest.mark.slow
 def test_a_missing_ir_file_is_named_in_one_line(ir_int8, tmp_path):
     folder = shutil.copytree(ir_int8, tmp_path / "incomplete")
     (folder / "openvino_vision_embeddings_model.bin").unlink()
@@ -223,6 +238,7 @@ def test_a_missing_ir_file_is_named_in_one_line(ir_int8, tmp_path):
     assert "missing openvino_vision_embeddings_model.bin" in line and "export it again" in line
 
 
+@pytest.mark.slow
 def test_a_corrupt_cache_dir_costs_one_warning_line_and_the_worker_serves(ir_int8, tmp_path):
     """A CACHE_DIR that is a file: one warning naming it and the fix, then the worker compiles without it. Blobs
     overwritten with garbage: OpenVINO itself recompiles them (no line needed), and answers stay the same."""
@@ -242,15 +258,16 @@ def test_a_corrupt_cache_dir_costs_one_warning_line_and_the_worker_serves(ir_int
     assert "Traceback" not in log
 
     cache = tmp_path / "cache"
-    request, images = chat_request("What?", png_bytes((5, 5, 5)), max_tokens=16)
-    fresh = _engine(ir_int8, cache).complete(request, images).text
+    request, _ = chat_request("What?", png_bytes((5, 5, 5)), max_tokens=16)
+    fresh = run_one(_engine(ir_int8, cache), request).text
     for blob in cache.glob("*.blob"):
         blob.write_bytes(np.random.default_rng(0).bytes(200))
     engine = _engine(ir_int8, cache)
-    assert engine.complete(request, images).text == fresh
+    assert run_one(engine, request).text == fresh
     engine.close()
 
 
+@pytest.mark.slow
 def test_benchmark_runs_and_reports_every_target(llava_source, ir_int8, tmp_path):
     """benchmarks/openvino.py end to end on the session's export (small counts); speed itself is not asserted."""
     from benchmarks import openvino as bench
@@ -266,6 +283,7 @@ def test_benchmark_runs_and_reports_every_target(llava_source, ir_int8, tmp_path
     assert report["restart"]["cold_s"] > 0 and report["restart"]["warm_s"] > 0
 
 
+@pytest.mark.slow                # 1 s or more with the fixtures it sets up
 def test_doctor_and_settings_know_the_openvino_engine(ir_int8, tmp_path):
     from deskeye.doctor import check_model
     from deskeye.settings import Settings, with_overrides

@@ -1,4 +1,4 @@
-"""The client's ladder for answers it cannot use (deskeye/output_mode.py): pure functions on the answer text.
+"""The client's ladder for answers it cannot use (deskeye/worker/output_mode.py): pure functions on the answer text.
 
 The ladder against real servers: tests/test_external_server.py (transformers serve ignores response_format) and
 tests/test_vllm_e2e.py (vLLM cuts an answer off at a small max_tokens)."""
@@ -10,8 +10,8 @@ import json
 import jsonschema
 import pytest
 
-from deskeye import output_mode
-from deskeye.output_mode import JSON_SCHEMA, PROMPT_AND_PARSE, Attempt, judge, lenient_description
+from deskeye.worker import output_mode
+from deskeye.worker.output_mode import JSON_SCHEMA, PROMPT_AND_PARSE, Attempt, judge, lenient_description
 from inference_worker.protocol import MAX_KEY_OBJECTS, SUMMARY_MAX_CHARS
 from deskeye.prompt import DESKEYE_SCHEMA, Description
 

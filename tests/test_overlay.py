@@ -8,11 +8,14 @@ import time
 
 import pytest
 
-from deskeye.capture import ScreenGrabber
-from deskeye.overlay import ASK_TITLE, THINKING_TEXT, WINDOW_TITLE, Kind, Overlay, OverlayContent
-from deskeye.x11_windows import OwnWindows
+from deskeye.see.capture import ScreenGrabber
+from deskeye.ui.ask_box import ASK_TITLE
+from deskeye.ui.overlay import THINKING_TEXT, WINDOW_TITLE, Kind, Overlay, OverlayContent
+from deskeye.see.x11_windows import OwnWindows
 from deskeye.settings import CaptureSettings, OverlaySettings
 from tests.fixtures.polling import wait_until
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 OVERLAY_BG = (0x1F, 0x24, 0x30)     # the "answer" background colour
 
@@ -42,6 +45,7 @@ def overlay(xdisplay):
     assert not ov.is_running
 
 
+@pytest.mark.slow
 def test_answer_shows_at_the_top_right_with_summary_and_key_objects(xdisplay, overlay):
     overlay.show(OverlayContent(Kind.ANSWER, "A text editor with a shopping list", ["shopping list", "milk"]))
     shown = overlay.wait_for(lambda s: s is not None and s.kind == "answer", 5)
@@ -60,6 +64,7 @@ def test_answer_shows_at_the_top_right_with_summary_and_key_objects(xdisplay, ov
     assert wait_until(lambda: not xdotool("search", "--onlyvisible", "--name", WINDOW_TITLE))
 
 
+@pytest.mark.slow
 def test_the_answer_fades_after_the_configured_time(xdisplay):
     ov = Overlay(OverlaySettings(fade_after_s=0.5))
     ov.start()
@@ -77,6 +82,7 @@ def test_the_answer_fades_after_the_configured_time(xdisplay):
         ov.stop()
 
 
+@pytest.mark.slow
 def test_showing_the_overlay_never_takes_keyboard_focus(xdisplay, overlay, open_window):
     editor = open_window("Editor - notes.txt", "500x300+100+100", lines=["typing here"])
     editor.focus()
@@ -89,6 +95,7 @@ def test_showing_the_overlay_never_takes_keyboard_focus(xdisplay, overlay, open_
         assert xdotool("getwindowfocus", "getwindowname") == "Editor - notes.txt"
 
 
+@pytest.mark.slow
 def test_the_overlay_is_lifted_above_a_window_opened_later(xdisplay, overlay, open_window):
     overlay.show(OverlayContent(Kind.ANSWER, "stays on top"))
     overlay_window_id()
@@ -100,6 +107,7 @@ def test_the_overlay_is_lifted_above_a_window_opened_later(xdisplay, overlay, op
     grabber.close_thread()
 
 
+@pytest.mark.slow
 def test_ask_dialog_takes_a_typed_question(xdisplay, overlay):
     asked: list[str] = []
     got = threading.Event()
@@ -114,6 +122,7 @@ def test_ask_dialog_takes_a_typed_question(xdisplay, overlay):
     assert wait_until(lambda: not xdotool("search", "--onlyvisible", "--name", ASK_TITLE))
 
 
+@pytest.mark.slow
 def test_by_default_the_overlay_sits_bottom_right_and_a_streamed_answer_grows_in_place(xdisplay):
     own = OwnWindows()
     ov = Overlay(OverlaySettings(fade_after_s=0), own_windows=own)
@@ -132,6 +141,7 @@ def test_by_default_the_overlay_sits_bottom_right_and_a_streamed_answer_grows_in
         own.close_thread()
 
 
+@pytest.mark.slow
 def test_escape_closes_the_ask_box_without_asking(xdisplay, overlay):
     asked: list[str] = []
     overlay.open_ask_dialog(asked.append)

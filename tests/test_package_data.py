@@ -1,7 +1,9 @@
-"""A non-editable install (a built wheel, installed into a fresh folder) carries the router data and the
-default hooks, and routes a question from there."""
+"""A non-editable install (a built wheel, installed into a fresh folder) carries the router data, the
+default hooks and the compiled translations, and routes a question and speaks Chinese from there."""
 
 from __future__ import annotations
+
+import pytest
 
 import os
 import shutil
@@ -10,9 +12,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+pytestmark = [pytest.mark.subprocess]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_a_built_wheel_ships_the_rules_and_routes(tmp_path):
     wheel_dir, target, source = tmp_path / "wheel", tmp_path / "site", tmp_path / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -26,6 +31,7 @@ def test_a_built_wheel_ships_the_rules_and_routes(tmp_path):
     wheel = next(wheel_dir.glob("deskeye-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "deskeye/rules/router_queries.tsv" in names and "deskeye/rules/hooks.toml" in names
+    assert {f"deskeye/locale/{locale}/LC_MESSAGES/deskeye.mo" for locale in ("zh_CN", "zh_TW")} <= set(names)
     zipfile.ZipFile(wheel).extractall(target)                # what pip puts into site-packages
     env = {**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     code = ("import deskeye, sys; from deskeye.cli import main; "
@@ -39,3 +45,7 @@ def test_a_built_wheel_ships_the_rules_and_routes(tmp_path):
                               "sys.exit(main(['hooks', 'check']))"], env=env, capture_output=True, text=True,
                              timeout=120, cwd=tmp_path)
     assert checked.returncode == 0 and "deskeye/rules/hooks.toml" in checked.stdout, checked.stderr
+    spoken = subprocess.run([sys.executable, "-c", "from deskeye.language import translator; "
+                             "print(translator('zh_CN').gettext('Quit'), translator('zh_TW').gettext('Quit'))"],
+                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert spoken.returncode == 0 and spoken.stdout.split() == ["退出", "結束"], spoken.stderr

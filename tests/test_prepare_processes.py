@@ -15,14 +15,16 @@ import psutil
 import pytest
 import torch
 
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
 from inference_worker.errors import ProtocolError
 from inference_worker.protocol import parse_chat_request
-from inference_worker.serving.images import decode_request_images
+from inference_worker.images import decode_request_images
 from deskeye.prompt import build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import chat_request, png_bytes
 from tests.fixtures.worker import running_worker
 from tests.test_batching import COLORS, QUESTIONS, all_at_once
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 MAX_PIXELS = 4000 * 3000                 # the engines' --max-image-pixels here
 
@@ -46,8 +48,9 @@ def data_url(png: bytes) -> str:
 @pytest.fixture(scope="module", params=["idefics3", "minicpmv46"])
 def engine(request, tmp_path_factory):
     folder = request.getfixturevalue(f"tiny_{request.param}_dir")
-    engine = load_transformers_engine(str(folder), device="cpu", num_threads=1, progress=False,
-                                      kv_cache_bytes=64 << 20, prepare_processes=1, max_image_pixels=MAX_PIXELS)
+    engine = load_hf_engine(str(folder), EngineOptions(device="cpu", num_threads=1, kv_cache_bytes=64 << 20,
+                                                       prepare_processes=1, max_image_pixels=MAX_PIXELS),
+                            progress=False)
     yield engine
     engine.close()
 
@@ -69,31 +72,34 @@ def assert_same_inputs(a, b) -> None:
             assert x.dtype == y.dtype and (x == y).all()
 
 
+@pytest.mark.slow
 def test_a_child_gives_the_inputs_the_threads_give(engine):
-    assert engine.decodes_images
+    assert engine.prepares_in_processes
     for request in requests_of_every_kind():
         num_encoded = engine._processes.num_encoded
-        in_child = engine.prepare(request, None)    # one thread: the child is idle
+        in_child = engine.prepare(request)    # one thread: the child is idle
         assert engine._processes.num_encoded == num_encoded + 1
         here = engine.preprocessor.encode(request.messages, decode_request_images(request, MAX_PIXELS))
         assert_same_inputs(here, in_child.inputs)
         assert (in_child.inputs.grammar is None) == (request.json_schema is None)   # compiled in the parent
 
 
+@pytest.mark.slow                # 1 s or more with the fixtures it sets up
 def test_with_every_child_busy_the_thread_encodes_the_request_itself(engine):
     request = requests_of_every_kind()[1]
-    from_child = engine.prepare(request, None).inputs
+    from_child = engine.prepare(request).inputs
     busy = engine._processes._idle.get()             # as if another thread's request were in it
     try:
         num_encoded = engine._processes.num_encoded
-        on_thread = engine.prepare(request, None).inputs
+        on_thread = engine.prepare(request).inputs
         assert engine._processes.num_encoded == num_encoded
     finally:
         engine._processes._idle.put(busy)
     assert_same_inputs(from_child, on_thread)
-    assert engine.decodes_images
+    assert engine.prepares_in_processes
 
 
+@pytest.mark.slow
 def test_a_child_refuses_a_bad_image_as_the_service_does(engine):
     broken = parse_chat_request({"model": "deskeye", "messages": build_messages("What?", b"\x89PNG\r\n\x1a\nrest")})
     huge = parse_chat_request({"model": "deskeye", "messages": build_messages("What?", png_bytes((1, 2, 3),
@@ -102,51 +108,54 @@ def test_a_child_refuses_a_bad_image_as_the_service_does(engine):
         with pytest.raises(ProtocolError) as in_parent:
             decode_request_images(request, MAX_PIXELS)
         with pytest.raises(ProtocolError) as in_child:
-            engine.prepare(request, None)
+            engine.prepare(request)
         assert (str(in_child.value), in_child.value.status, in_child.value.param) == \
             (str(in_parent.value), in_parent.value.status, in_parent.value.param)
-    assert engine.decodes_images                  # a refused request leaves the child serving
+    assert engine.prepares_in_processes                  # a refused request leaves the child serving
     request = requests_of_every_kind()[0]
-    assert engine.prepare(request, None).inputs.num_images == 1
+    assert engine.prepare(request).inputs.num_images == 1
 
 
+@pytest.mark.slow
 def test_when_the_child_dies_the_engine_prepares_on_its_threads(tiny_idefics3_dir, caplog):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False,
-                                      kv_cache_bytes=64 << 20, prepare_processes=1, max_image_pixels=MAX_PIXELS)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1, kv_cache_bytes=64 << 20,
+                                                                  prepare_processes=1, max_image_pixels=MAX_PIXELS),
+                            progress=False)
     try:
         [pid] = engine._processes.pids
         request = requests_of_every_kind()[0]
-        before = engine.prepare(request, None).inputs
+        before = engine.prepare(request).inputs
         os.kill(pid, signal.SIGKILL)
         psutil.Process(pid).wait(10)
         with caplog.at_level(logging.WARNING):
-            after = engine.prepare(request, None).inputs     # images None: decoded here now
+            after = engine.prepare(request).inputs     # images None: decoded here now
         assert_same_inputs(before, after)
-        assert not engine.decodes_images
+        assert not engine.prepares_in_processes
         assert "preprocessing process died" in caplog.text
-        images = decode_request_images(request, MAX_PIXELS)
-        assert_same_inputs(before, engine.prepare(request, images).inputs)
+        assert_same_inputs(before, engine.prepare(request).inputs)
     finally:
         engine.close()
 
 
+@pytest.mark.slow                # 1 s or more with the fixtures it sets up
 def test_a_processor_that_cannot_travel_leaves_preprocessing_on_the_threads(tiny_idefics3_dir, caplog):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     try:
         engine.preprocessor = dataclasses.replace(engine.preprocessor, escape_text=lambda text: text)  # no pickle
         with caplog.at_level(logging.WARNING):
-            engine.start_prepare_processes(1, MAX_PIXELS)
-        assert not engine.decodes_images
+            engine.start_prepare_processes(1)
+        assert not engine.prepares_in_processes
         assert "--prepare-processes 1: cannot prepare in child processes" in caplog.text
         request, images = chat_request("What is on this screen?", png_bytes(COLORS[0]))
-        assert engine.prepare(request, images).inputs.num_images == 1
+        assert engine.prepare(request).inputs.num_images == 1
     finally:
         engine.close()
 
 
+@pytest.mark.slow
 def test_close_stops_the_children(tiny_idefics3_dir):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False,
-                                      prepare_processes=2)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1, prepare_processes=2),
+                            progress=False)
     pids = engine._processes.pids
     assert len(set(pids)) == 2 and all(psutil.pid_exists(pid) for pid in pids)
     engine.close()
@@ -168,6 +177,7 @@ def describe(client, question: str, color) -> str:
     return reply.choices[0].message.content
 
 
+@pytest.mark.slow
 def test_the_worker_with_a_preparing_process_answers_as_the_thread_worker(process_worker, tiny_worker):
     assert "preprocessing in 1 process(es)" in process_worker.log_text()
     ours, theirs = process_worker.openai_client(), tiny_worker.openai_client()
@@ -176,6 +186,7 @@ def test_the_worker_with_a_preparing_process_answers_as_the_thread_worker(proces
     assert together == [describe(theirs, *pair) for pair in pairs]
 
 
+@pytest.mark.slow
 def test_the_worker_with_a_preparing_process_refuses_a_bad_image_as_the_thread_worker(process_worker, tiny_worker):
     body = {"model": "deskeye", "messages": build_messages("What?", b"GIF89a-not-a-png")}
     answers = [worker.request("POST", "/v1/chat/completions", body) for worker in (process_worker, tiny_worker)]

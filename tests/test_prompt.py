@@ -13,6 +13,8 @@ import pytest
 from deskeye import prompt
 from inference_worker import protocol
 
+pytestmark = [pytest.mark.subprocess]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,6 +39,7 @@ def test_parse_description_reads_the_schema_and_names_what_is_wrong():
             prompt.parse_description(bad)
 
 
+@pytest.mark.slow
 def test_no_deskeye_module_imports_the_worker_package():
     code = ("import importlib, pkgutil, sys, deskeye\n"
             "for m in pkgutil.walk_packages(deskeye.__path__, 'deskeye.'):\n"

@@ -20,15 +20,15 @@ import pytest
 from PIL import Image
 from transformers import AutoProcessor
 
-from deskeye.client import WorkerClient
-from deskeye.memory import ConversationMemory
+from deskeye.worker.client import WorkerClient
+from deskeye.ask.memory import ConversationMemory
 from deskeye.prompt import (MAX_MEMORY_CHARS, MAX_QUESTION_CHARS, MAX_TURN_CHARS, Turn, bound_memory,
                             bound_question, build_messages)
 from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import WorkerSupervisor
+from deskeye.worker.supervisor import WorkerSupervisor
 from inference_worker.config import ConfigError, WorkerConfig
-from inference_worker.engines.base import RowCancelled
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines.base import RowCancelled, run_one
+from inference_worker.engines import EngineOptions, load_hf_engine
 from inference_worker.engines.hf.preprocess import template_messages
 from inference_worker.engines.prompt_bounds import MAX_CHARS_PER_TOKEN
 from inference_worker.errors import ServiceError
@@ -90,7 +90,7 @@ def long_context_worker(long_context_dir, tmp_path_factory) -> WorkerHandle:
 
 @pytest.fixture(scope="module")
 def idefics3(tiny_idefics3_dir):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield engine
     engine.close()
 
@@ -159,6 +159,7 @@ def test_the_trials_long_texts_are_refused_before_tokenizing(tiny_worker, label,
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.slow
 def test_max_prompt_tokens_lowers_the_limit_and_is_named_in_the_refusal(long_context_worker):
     """--max-prompt-tokens 60000 on a 128K model: ~62,000 tokens are refused naming the setting (the text itself
     passes the character check)."""
@@ -180,11 +181,12 @@ def test_max_prompt_tokens_is_validated_where_the_worker_starts():
     assert WorkerConfig(max_prompt_tokens=0).max_prompt_tokens == 0
 
 
+@pytest.mark.slow
 def test_an_answer_stops_at_the_end_of_the_models_context(idefics3):
     """max_tokens 1024 on a 1,024-token context: the prompt (~20 tokens) fits, and the answer stops where the context
     ends (finish_reason "length") instead of decoding past the model's positions."""
     request, images = chat_request("Tell me a long story.", None, max_tokens=1024)
-    completion = idefics3.complete(request, images)
+    completion = run_one(idefics3, request)
     assert completion.finish_reason == "length"
     assert completion.prompt_tokens + completion.completion_tokens == TINY_CONTEXT
 
@@ -203,12 +205,12 @@ def chunked_and_whole(engine, request, images, chunk_tokens: int, *, frame_cache
     pieces: list[int] = []
     results: dict[int, list] = {}
     for chunk in (chunk_tokens, 10**9):
-        engine.decoder.prefill_chunk_tokens = chunk
+        engine.decoder.forward.chunk_tokens = chunk
         if engine.frame_cache is not None:
             engine.frame_cache.clear()
         runs = []
         for _ in range(2 if frame_cache else 1):
-            item = engine.prepare(request, images)
+            item = engine.prepare(request)
             if not frame_cache:
                 item.inputs.frame = None
             out: list = []
@@ -218,7 +220,7 @@ def chunked_and_whole(engine, request, images, chunk_tokens: int, *, frame_cache
                 engine.decoder.run([engine.decoder_row(item)], lambda index, result: out.append(result))
             runs.append(out[0])
         results[chunk] = runs
-    engine.decoder.prefill_chunk_tokens = 512
+    engine.decoder.forward.chunk_tokens = 512
     return results[chunk_tokens], results[10**9], pieces
 
 
@@ -232,6 +234,7 @@ def minicpmo_dir(tmp_path_factory):
     return build_minicpmo_standin(tmp_path_factory.mktemp("minicpmo_standin"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, frame_cache", [("idefics3", False), ("idefics3", True), ("llava", True),
                                                  ("minicpmv46", False), ("minicpmv46", True)])
 def test_a_prefill_in_pieces_gives_the_logits_of_one_forward(family, frame_cache, request):
@@ -240,8 +243,8 @@ def test_a_prefill_in_pieces_gives_the_logits_of_one_forward(family, frame_cache
     of the one-forward prefill, cold, keeping the frame's prefix and on an exact frame hit; plain attention
     (Idefics3, LLaVA) and MiniCPM-V 4.6's hybrid linear/full attention."""
     folder = request.getfixturevalue(f"tiny_{family}_dir")
-    engine = load_transformers_engine(str(folder), device="cpu", num_threads=1, progress=False,
-                                      kv_cache_bytes=64 * 2**20 if frame_cache else 0)
+    engine = load_hf_engine(str(folder), EngineOptions(device="cpu", num_threads=1,
+                                                       kv_cache_bytes=64 * 2**20 if frame_cache else 0), progress=False)
     engine.decoder.keep_logits = True
     try:
         payload = {"model": "deskeye", "max_tokens": 6, "temperature": 0,
@@ -261,9 +264,10 @@ def test_a_prefill_in_pieces_gives_the_logits_of_one_forward(family, frame_cache
     assert sorted(prefills)[-2] <= 16, prefills          # only the piece with the image tokens is longer
 
 
+@pytest.mark.slow
 def test_minicpmo_prefills_its_embeddings_in_pieces_with_the_same_logits(minicpmo_dir):
     """MiniCPM-o hands the decoder its prompt as embeddings (images merged in): they are prefilled in pieces too."""
-    engine = load_transformers_engine(str(minicpmo_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(minicpmo_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     engine.decoder.keep_logits = True
     try:
         request, images = chat_request("Which of these lines matters? " + SENTENCE * 10, png_bytes((200, 40, 40)),
@@ -271,12 +275,12 @@ def test_minicpmo_prefills_its_embeddings_in_pieces_with_the_same_logits(minicpm
         results = {}
         forwards: list[int] = []
         for chunk in (16, 10**9):
-            engine.decoder.prefill_chunk_tokens = chunk
+            engine.decoder.forward.chunk_tokens = chunk
             out: list = []
             record = (lambda kwargs: forwards.append(_forward_length(kwargs))) if chunk == 16 else (lambda kw: None)
             language_model = SimpleNamespace(model=engine.model.llm, decoder=engine.decoder)   # its decoder's model
             with recording_forwards(language_model, record):
-                engine.run_batch([engine.prepare(request, images)], lambda index, answer: out.append(answer))
+                engine.run_batch([engine.prepare(request)], lambda index, answer: out.append(answer))
             results[chunk] = out[0]
     finally:
         engine.close()
@@ -289,7 +293,7 @@ def test_a_cancelled_row_stops_between_pieces_of_its_prefill(idefics3):
     """The row's client goes away during the second piece of its prefill: it ends RowCancelled before a third
     piece, never having prefilled the rest of its prompt."""
     request, images = chat_request("Summarise this. " + SENTENCE * 60, None, max_tokens=8)
-    item = idefics3.prepare(request, images)
+    item = idefics3.prepare(request)
     row = idefics3.decoder_row(item)
     forwards: list[int] = []
 
@@ -297,13 +301,13 @@ def test_a_cancelled_row_stops_between_pieces_of_its_prefill(idefics3):
         forwards.append(_forward_length(kwargs))
         if len(forwards) == 2:
             row.cancelled.set()
-    idefics3.decoder.prefill_chunk_tokens = 64
+    idefics3.decoder.forward.chunk_tokens = 64
     outcomes: list = []
     try:
         with recording_forwards(idefics3, record):
             idefics3.decoder.run([row], lambda index, outcome: outcomes.append(outcome))
     finally:
-        idefics3.decoder.prefill_chunk_tokens = 512
+        idefics3.decoder.forward.chunk_tokens = 512
     assert item.inputs.num_tokens > 4 * 64
     assert len(outcomes) == 1 and isinstance(outcomes[0], RowCancelled)
     assert forwards == [64, 64], f"forwards of {forwards} tokens for a prompt of {item.inputs.num_tokens}"
@@ -311,6 +315,7 @@ def test_a_cancelled_row_stops_between_pieces_of_its_prefill(idefics3):
 
 # ---------------------------------------------------------------- a dropped or timed-out prefill frees the model
 
+@pytest.mark.slow
 def test_a_client_that_drops_a_long_prompt_frees_the_model_within_one_piece(long_context_worker):
     """The trial: a client drops its connection while the model prefills a ~48,000-token prompt. The next small
     request is answered in less time than the solo prefill of a prompt a quarter as long (measured here first), where
@@ -336,12 +341,14 @@ def test_a_client_that_drops_a_long_prompt_frees_the_model_within_one_piece(long
     assert metric(worker, key) - before.get(key, 0.0) == 1
 
 
+@pytest.mark.slow
 def test_a_timed_out_long_prompt_gets_504_and_frees_the_model_within_one_piece(long_context_dir):
     """--request-timeout-s passes while the model prefills a ~48,000-token prompt: 504, and the model thread is free
     for the next request in less than a quarter-length prompt's solo prefill."""
     metrics = WorkerMetrics()
-    service = ModelService(lambda progress: load_transformers_engine(
-        str(long_context_dir), device="cpu", num_threads=1, progress=False), WorkerConfig(), metrics=metrics)
+    service = ModelService(lambda progress: load_hf_engine(
+        str(long_context_dir), EngineOptions(device="cpu", num_threads=1), progress=False), WorkerConfig(),
+        metrics=metrics)
     service.start()
     try:
         ready = threading.Event()
@@ -391,6 +398,7 @@ def test_the_memory_keeps_each_turn_short_and_sends_the_newest_that_fit():
     assert [t.question[:12] for t in sent] == [t.question[:12] for t in turns[-len(sent):]]   # the newest, in order
 
 
+@pytest.mark.slow
 def test_the_client_sends_a_bounded_prompt_and_tells_the_user_what_was_cut(long_context_worker):
     """WorkerClient.ask with a 50,000-character question and 20 long remembered turns, against a real worker whose
     limit would let all of it through: what arrives (the worker's own prompt-token count) is bounded, and the answer
@@ -420,6 +428,7 @@ def test_the_client_sends_a_bounded_prompt_and_tells_the_user_what_was_cut(long_
     assert answer.to_dict()["notes"] == list(answer.notes)
 
 
+@pytest.mark.slow
 def test_the_prefill_pieces_benchmark_runs_end_to_end(tmp_path):
     """benchmarks/prefill_pieces.py on a short prompt: every number filled (speed itself is never asserted here)."""
     import json

@@ -15,8 +15,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from deskeye.providers import QuickAnswer, QuickAnswerer
-from deskeye.providers import clock as clock_provider
+from deskeye.ask.providers import QuickAnswer, QuickAnswerer
+from deskeye.ask.providers import clock as clock_provider
 from deskeye.settings import ProviderSettings, Settings
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -151,6 +151,7 @@ def with_deadline(seconds: float) -> Settings:
     return Settings(providers=ProviderSettings(quick_answer_timeout_s=seconds))
 
 
+@pytest.mark.slow
 def test_a_stuck_provider_answers_an_error_at_its_deadline(stuck_clock, monkeypatch):
     release, returned, calls = stuck_clock
     answerer = QuickAnswerer(with_deadline(0.5))

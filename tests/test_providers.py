@@ -15,12 +15,14 @@ from zoneinfo import ZoneInfo
 import psutil
 import pytest
 
-from deskeye.providers import QuickAnswerer, ScreenMemory, pick_provider
-from deskeye.providers import clock as clock_provider
-from deskeye.providers.ics import EventCalendar
-from deskeye.router import find_data_file, load_examples
+from deskeye.ask.providers import QuickAnswerer, ScreenMemory, pick_provider
+from deskeye.ask.providers import clock as clock_provider
+from deskeye.ask.providers.ics import EventCalendar
+from deskeye.ask.router import find_data_file, load_examples
 from deskeye.settings import package_rules_dir, ProviderSettings, Settings
 from deskeye.prompt import Description
+
+pytestmark = [pytest.mark.subprocess]
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NOW = datetime(2025, 6, 4, 14, 5, tzinfo=BERLIN)          # a Wednesday afternoon
@@ -332,6 +334,7 @@ def test_a_provider_crash_falls_through_instead_of_failing(monkeypatch, caplog):
     assert "clock exploded" in caplog.text
 
 
+@pytest.mark.slow
 def test_quick_answers_need_no_model_worker_or_network(tmp_path):
     """In a fresh interpreter: answering imports no torch/transformers/openai/worker and opens no socket."""
     ics = tmp_path / "c.ics"
@@ -343,14 +346,14 @@ class NoNet(socket.socket):
     def connect(self, address):
         opened.append(str(address)); raise OSError("network disabled in this test")
 socket.socket = NoNet
-from deskeye.providers import QuickAnswerer, ScreenMemory
+from deskeye.ask.providers import QuickAnswerer, ScreenMemory
 from deskeye.settings import ProviderSettings, Settings
 from deskeye.prompt import Description
 memory = ScreenMemory(); memory.remember(Description("a chart", ["chart"]))
 qa = QuickAnswerer(Settings(providers=ProviderSettings(calendar_ics={str(ics)!r})), memory)
 queries = ["what time is it", "am I free at 4pm", "battery level?", "刚才看到了什么", "今天几号"]
 answers = [qa.answer(q) for q in queries]
-heavy = [m for m in ("torch", "transformers", "openai", "inference_worker.server.lifetime", "deskeye.client")
+heavy = [m for m in ("torch", "transformers", "openai", "inference_worker.server.lifetime", "deskeye.worker.client")
          if m in sys.modules]
 print(json.dumps({{"providers": [a.provider for a in answers], "errors": [a.is_error for a in answers],
                   "heavy": heavy, "opened": opened}}))

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 from numbers import Number
+from pathlib import Path
 
 import pytest
 
 from benchmarks import real_size
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 
 def _is_number(value) -> bool:
@@ -45,7 +48,14 @@ def test_the_real_size_model_has_minicpmv46s_published_parameter_count():
     assert 1.0e9 < _num_params(real_size.STANDIN) < 1.6e9      # vLLM's stand-in is of the same size
 
 
-def test_the_vllm_view_loads_the_image_only_processor_as_remote_code(tmp_path):
+@pytest.fixture(scope="module")
+def dry_cache(tmp_path_factory) -> Path:
+    """The --cache-dir of this file's tests: the dry MiniCPM-V 4.6 folder is built once for both."""
+    return tmp_path_factory.mktemp("real_size_cache")
+
+
+@pytest.mark.slow
+def test_the_vllm_view_loads_the_image_only_processor_as_remote_code(dry_cache, tmp_path):
     """What vLLM's transformers gets instead of the torchvision-bound MiniCPMV4_6Processor: the worker's own class,
     making the same prompt and pixels as the worker's processor (AutoProcessor alone cannot load the folder)."""
     from PIL import Image
@@ -53,7 +63,7 @@ def test_the_vllm_view_loads_the_image_only_processor_as_remote_code(tmp_path):
 
     from inference_worker.engines.hf.minicpmv import MiniCPMVImageProcessor
 
-    model_dir = real_size.ensure_model(real_size.DRY, tmp_path / "cache")
+    model_dir = real_size.ensure_model(real_size.DRY, dry_cache)
     view = real_size.vllm_view(model_dir, tmp_path / "view")
     remote = AutoProcessor.from_pretrained(view, trust_remote_code=True)
     own = MiniCPMVImageProcessor.from_pretrained(model_dir)
@@ -65,13 +75,14 @@ def test_the_vllm_view_loads_the_image_only_processor_as_remote_code(tmp_path):
     assert (theirs["pixel_values"] == ours["pixel_values"]).all()
 
 
-@pytest.mark.timeout(1200)             # three servers start (two workers, vLLM), on a shared 2-core machine
-def test_dry_run_fills_every_figure(tmp_path):
+@pytest.mark.slow
+@pytest.mark.timeout(1200)             # two workers and vLLM twice (its MiniCPM-V 4.6 attempt fails here) start
+def test_dry_run_fills_every_figure(dry_cache, tmp_path):
     from tests.fixtures.vllm_server import VLLM_PYTHON
 
     out = tmp_path / "real_size.json"
     with_vllm = VLLM_PYTHON.exists()
-    argv = ["--dry", "--quick", "--dtype", "bf16", "--cache-dir", str(tmp_path / "cache"), "--json-out", str(out)]
+    argv = ["--dry", "--quick", "--dtype", "bf16", "--cache-dir", str(dry_cache), "--json-out", str(out)]
     assert real_size.main(argv + ([] if with_vllm else ["--skip-vllm"])) == 0
     report = json.loads(out.read_text(encoding="utf-8"))
 

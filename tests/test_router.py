@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from deskeye import router as router_module
+from deskeye.ask import router as router_module
 from deskeye.cli import main as deskeye_main
 from deskeye.errors import RouterDataError
-from deskeye.router import TIERS, Router, find_data_file, load_examples, score_predictions
+from deskeye.ask.router import TIERS, Router, find_data_file, load_examples, score_predictions
 from deskeye.settings import package_rules_dir, RouterSettings, Settings
 from tests.fixtures.small_fs import full_filesystem  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.subprocess]
 
 HELD_OUT_FRACTION = 0.25
 
@@ -38,6 +40,7 @@ def test_data_is_large_bilingual_and_balanced(examples):
     assert len({e.query.casefold() for e in examples}) == len(examples), "duplicate queries"
 
 
+@pytest.mark.slow
 def test_held_out_accuracy_is_at_least_90_percent_in_each_language(examples):
     from sklearn.model_selection import train_test_split
     strata = [f"{e.tier}/{e.lang}" for e in examples]
@@ -113,11 +116,12 @@ def test_cache_write_on_a_full_disk_leaves_no_temp_file_and_routes_anyway(tmp_pa
     assert re.fullmatch(r"router-[0-9a-f]{20}\.pkl", cached)
 
 
+@pytest.mark.slow
 def test_cache_write_past_a_file_size_limit_leaves_no_temp_file(tmp_path):
     from tests.fixtures.small_fs import FSIZE_LIMIT_PRELUDE
     settings, cache = _copy_rules(tmp_path), tmp_path / "cache"
     script = FSIZE_LIMIT_PRELUDE + (
-        "from pathlib import Path\nfrom deskeye.router import Router\n"
+        "from pathlib import Path\nfrom deskeye.ask.router import Router\n"
         "from deskeye.settings import RouterSettings, Settings\n"
         f"settings = Settings(router=RouterSettings(data_dir={str(settings.rules_dir)!r}))\n"
         f"print(Router.load(settings, cache_dir=Path({str(cache)!r})).route('what time is it').tier)\n")
@@ -147,11 +151,12 @@ def test_missing_data_says_where_it_looked(tmp_path):
 
 
 def test_import_trains_nothing_and_loads_no_sklearn():
-    code = "import sys, deskeye.router; print('sklearn' in sys.modules)"
+    code = "import sys, deskeye.ask.router; print('sklearn' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
 
 
+@pytest.mark.slow
 def test_route_json_command_prints_one_json_line_per_query(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run(
@@ -175,6 +180,7 @@ def test_route_plain_command_prints_a_line_per_query(tmp_path, monkeypatch, caps
     assert [line.split(maxsplit=2)[2] for line in lines] == ["summarise this document", "有新邮件吗"]
 
 
+@pytest.mark.slow
 def test_route_evaluate_prints_accuracy_per_tier_and_language(tmp_path, capsys):
     assert deskeye_main(["--settings", str(tmp_path / "none.toml"), "route", "--evaluate"]) == 0
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from inference_worker.config import WorkerConfig
-from inference_worker.engines.hf.engine import load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
 from inference_worker.engines.hf.grammar import SchemaGrammars
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import parse_chat_request
@@ -21,6 +21,8 @@ from inference_worker.serving.service import ModelService, ServiceError
 from tests.fixtures.chat_requests import png_bytes
 from tests.fixtures.worker import running_worker
 from tests.test_batching import all_at_once
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 #: passes jsonschema's check_schema; llguidance refuses the lookbehind
 LOOKBEHIND_SCHEMA = {"type": "string", "pattern": "(?<=a)b"}
@@ -45,6 +47,7 @@ def body(question: str, color, response_format: dict) -> dict:
             "response_format": response_format, "temperature": 0, "max_tokens": 200}
 
 
+@pytest.mark.slow
 def test_a_schema_the_grammar_refuses_fails_only_its_own_row(gathering_worker):
     good = [body(f"What is on screen {i}?", COLORS[i], deskeye_response_format()) for i in range(3)]
     bad = body("And this one?", COLORS[3], {"type": "json_schema",
@@ -76,8 +79,8 @@ def test_grammars_are_compiled_on_the_preparing_threads(tiny_idefics3_dir, monke
         compile_threads.add(threading.current_thread().name)
         return compile_(self, schema)
     monkeypatch.setattr(SchemaGrammars, "_compile", spy_compile)
-    service = ModelService(lambda progress: load_transformers_engine(
-        str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False),
+    service = ModelService(lambda progress: load_hf_engine(
+        str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False),
         WorkerConfig(max_batch_size=4, max_retries=0), metrics=WorkerMetrics())
     service.start()
     try:
@@ -86,14 +89,15 @@ def test_grammars_are_compiled_on_the_preparing_threads(tiny_idefics3_dir, monke
         answers = all_at_once(lambda r: service.answer(r, timeout_s=120), requests)
     finally:
         service.stop()
-    assert all(a.extra["constrained"] for a in answers)
+    assert all(a.facts.constrained for a in answers)
     assert compile_threads and all(name.startswith("deskeye-prepare") for name in compile_threads)
 
 
+@pytest.mark.slow
 def test_a_timed_out_request_stops_decoding_and_is_not_retried(tiny_idefics3_dir):
     metrics = WorkerMetrics()
-    service = ModelService(lambda progress: load_transformers_engine(
-        str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False),
+    service = ModelService(lambda progress: load_hf_engine(
+        str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False),
         WorkerConfig(max_batch_size=4, max_retries=2, max_tokens_limit=4096), metrics=metrics)
     service.start()
     try:

@@ -162,7 +162,7 @@ def test_policy_rejects_signals_with_another_horizon():
 
 def test_real_nvml_without_gpu_is_unavailable(cpu_gpu, caplog):
     gpu = GpuUtilization()                           # cpu_gpu: skipped where NVML sees a GPU
-    with caplog.at_level(logging.INFO, logger="deskeye.worker"):
+    with caplog.at_level(logging.INFO, logger="inference_worker"):
         assert gpu.percent() is None
         assert gpu.percent() is None
     gpu.close()
@@ -173,7 +173,7 @@ def test_real_nvml_without_gpu_is_unavailable(cpu_gpu, caplog):
 def test_missing_nvml_package_is_unavailable(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pynvml", None)     # makes `import pynvml` raise ImportError
     gpu = GpuUtilization()
-    with caplog.at_level(logging.INFO, logger="deskeye.worker"):
+    with caplog.at_level(logging.INFO, logger="inference_worker"):
         assert gpu.percent() is None
         assert gpu.percent() is None
     assert "nvidia-ml-py" in gpu.unavailable_reason

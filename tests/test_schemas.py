@@ -1,4 +1,4 @@
-"""The schema compiler and its cache (inference_worker/serving/schemas.py) in-process: what the attack tests in
+"""The schema compiler and its cache (inference_worker/schemas/) in-process: what the attack tests in
 test_attacks.py reach over HTTP, plus what only shows from inside — the byte bound of the cache, the registry that
 refuses every retrieval, the validation budget, and RE2 spelling of ECMA-262 escapes."""
 
@@ -16,8 +16,10 @@ import referencing.exceptions
 
 from inference_worker.protocol import ProtocolError
 from deskeye.prompt import DESKEYE_SCHEMA
-from inference_worker.serving.schemas import (REFUSING_REGISTRY, SchemaCache, SchemaLimits, compile_schema,
-                                              compile_pattern)
+from inference_worker.schemas.compile import SchemaCache, SchemaLimits, compile_schema
+from inference_worker.schemas.safe_validator import REFUSING_REGISTRY, compile_pattern
+
+pytestmark = [pytest.mark.subprocess]
 
 
 def test_the_validator_registry_refuses_every_retrieval_without_connecting():
@@ -95,16 +97,18 @@ def big_schema(index: int, num_fields: int = 600) -> dict:
         for k in range(num_fields)}}
 
 
+@pytest.mark.slow
 def test_the_cache_is_bounded_by_bytes_not_by_count():
-    limits = SchemaLimits(max_cache_bytes=4 * 2**20)
+    limits = SchemaLimits(max_cache_bytes=4 * 2**20 // 10)   # a tenth of 4 MiB, as the schemas are a tenth
     cache = SchemaCache(limits)
     sizes = []
-    for index in range(30):                               # ~200 KB of JSON each: ~0.8 MB counted
-        compiled = cache.get(big_schema(index))
+    for index in range(30):                               # ~20 KB of JSON each: ~85 KB counted
+        compiled = cache.get(big_schema(index, num_fields=60))
         sizes.append(compiled.num_bytes)
         assert cache.num_bytes <= limits.max_cache_bytes
     assert len(cache) < 30 and cache.num_bytes == sum(sizes[-len(cache):])
-    assert cache.get(big_schema(29)) is cache.get(copy.deepcopy(big_schema(29)))        # by content
+    last = big_schema(29, num_fields=60)
+    assert cache.get(last) is cache.get(copy.deepcopy(last))                           # by content
     small = SchemaCache()
     for index in range(300):
         small.get({**DESKEYE_SCHEMA, "title": f"t{index}"})
@@ -116,7 +120,7 @@ import gc, json, sys
 import psutil
 sys.path.insert(0, sys.argv[1])
 from tests.test_schemas import big_schema
-from inference_worker.serving.schemas import compile_schema
+from inference_worker.schemas import compile_schema
 process = psutil.Process()
 big_schema(99)                      # warm up
 gc.collect()
@@ -128,6 +132,7 @@ print(json.dumps({"real_per_schema": (process.memory_info().rss - before) / len(
 """
 
 
+@pytest.mark.slow
 def test_what_a_cached_schema_counts_covers_what_it_holds():
     """In a fresh process: RSS kept by compiled schemas (the parsed schema, which the cache keeps alive after its
     request, and the validator) is at most what the cache counts for them."""

@@ -14,6 +14,8 @@ from deskeye.settings_cli import (DESCRIPTIONS, SECTION_DESCRIPTIONS, describe_o
                                   section_fields)
 from tests.fixtures.small_fs import full_filesystem  # noqa: F401 - a fixture
 
+pytestmark = [pytest.mark.subprocess]
+
 
 def _sections(settings: Settings) -> dict:
     return {name: dataclasses.asdict(getattr(settings, name)) for name in section_fields()}
@@ -233,6 +235,7 @@ def test_settings_file_with_invalid_utf8_names_the_byte_offset(tmp_path):
                                    "save the settings file as UTF-8.")
 
 
+@pytest.mark.slow
 def test_settings_file_over_the_size_limit_is_refused_before_reading(tmp_path):
     path = tmp_path / "settings.toml"
     path.write_text("# padding\n" * ((8 << 20) // 10), encoding="utf-8")     # valid TOML, 8 MiB of comments
@@ -256,6 +259,7 @@ def test_init_replaces_an_empty_file_and_says_so(tmp_path, capsys):
     assert f"# settings file: {path}  (empty: the defaults are in effect)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_init_on_a_full_disk_leaves_no_file_no_temp_file_and_the_old_empty_file_as_it_was(full_filesystem, capsys):
     folder = full_filesystem.root / "conf"
     path = folder / "settings.toml"
@@ -275,6 +279,7 @@ def test_init_on_a_full_disk_leaves_no_file_no_temp_file_and_the_old_empty_file_
     assert full_filesystem.entries(folder) == ["settings.toml"]
 
 
+@pytest.mark.slow
 def test_init_past_a_file_size_limit_leaves_no_partial_file_and_no_temp_file(tmp_path):
     from tests.fixtures.small_fs import FSIZE_LIMIT_PRELUDE
     folder = tmp_path / "conf"
@@ -296,7 +301,7 @@ def test_init_past_a_file_size_limit_leaves_no_partial_file_and_no_temp_file(tmp
 
 
 def test_atomic_write_failure_keeps_the_old_content(full_filesystem):
-    from deskeye.settings import write_file_atomically
+    from deskeye.files import write_file_atomically
     path = full_filesystem.root / "conf" / "settings.toml"
     full_filesystem.free()
     path.write_text('[worker]\nengine = "ocr"\n', encoding="utf-8")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import socket
 import threading
 import time
@@ -28,6 +29,8 @@ import pytest
 from inference_worker.cli import main as worker_main
 from tests.fixtures.worker import WorkerHandle, running_worker
 from tests.test_worker_api import image_message, png_bytes
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 NUM_STALLED = 150                      # the trial's 140, and more than the default --max-idle-connections (64)
 DEFAULT_HEADER_TIMEOUT_S = 5.0
@@ -111,6 +114,7 @@ def keyed_requests_succeed(worker: WorkerHandle) -> None:
     assert answer.choices[0].message.role == "assistant" and answer.usage.completion_tokens >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", STALLED_KINDS)
 def test_stalled_connections_never_lock_out_a_client_with_the_key(worker, kind):
     """The trial: ~150 connections that never finish their head, then the app's requests. They used to get
@@ -143,6 +147,7 @@ def read_answer(sock: socket.socket) -> tuple[int, dict]:
     return response.status, json.loads(response.read())
 
 
+@pytest.mark.slow
 def test_a_head_trickled_byte_by_byte_gets_408_after_the_header_timeout(worker):
     """Bytes keep arriving, but the whole head must be there within --header-timeout-s of the connection opening;
     the answer is the worker's JSON error naming the option. It used to wait for as long as the client trickled."""
@@ -158,6 +163,7 @@ def test_a_head_trickled_byte_by_byte_gets_408_after_the_header_timeout(worker):
     assert worker.request("GET", "/health", auth=False)[0] == 200
 
 
+@pytest.mark.slow                # 1 s or more with the fixtures it sets up
 def test_idle_connections_over_the_per_client_cap_close_the_longest_waiting_one_with_503(worker):
     """More connections from one address, each with a partial head, than --max-idle-connections (64): the first
     (waiting longest; a few idle keep-alive ones of earlier tests may go before it) is closed at once with 503
@@ -171,6 +177,22 @@ def test_idle_connections_over_the_per_client_cap_close_the_longest_waiting_one_
         assert not is_closed_by_peer(socks[-1]), "the newest connection was closed instead of the oldest"
 
 
+def test_a_burst_accepted_together_still_gives_the_oldest_its_503_not_a_reset(worker):
+    """The same connections arrive while the worker's process is stopped (a busy machine, as on CI): the loop then
+    accepts them in one burst and the cap evicts the oldest before its bytes were read. Closing it with unread
+    bytes made the kernel send a reset, which threw the 503 away on the client's side."""
+    with ExitStack() as stack:
+        worker.proc.send_signal(signal.SIGSTOP)
+        try:
+            socks = [stack.enter_context(open_stalled(worker, "partial-head")) for _ in range(64 + 8)]
+        finally:
+            worker.proc.send_signal(signal.SIGCONT)
+        socks[0].settimeout(DEFAULT_HEADER_TIMEOUT_S - 1)
+        status, body = read_answer(socks[0])
+        assert status == 503 and body["error"]["type"] == "too_many_connections"
+        assert not is_closed_by_peer(socks[-1]), "the newest connection was closed instead of the oldest"
+
+
 def test_health_without_the_key_says_only_that_it_is_ready(worker, tiny_idefics3_dir):
     status, body = worker.request("GET", "/health", auth=False)
     assert status == 200 and body == {"status": "ready"}
@@ -181,6 +203,7 @@ def test_health_without_the_key_says_only_that_it_is_ready(worker, tiny_idefics3
     assert str(tiny_idefics3_dir) in body["model"]          # a local folder: the path is what the key protects
 
 
+@pytest.mark.slow
 def test_a_stream_dropped_mid_answer_leaves_no_unretrieved_future_in_the_log(worker):
     """The client closes a long stream after three chunks; the request is cancelled, and the worker's log stays
     clean of "Future exception was never retrieved" (the cancellation used to be left in an unawaited future)."""
@@ -208,6 +231,7 @@ def test_a_stream_dropped_mid_answer_leaves_no_unretrieved_future_in_the_log(wor
     assert "Traceback" not in log, log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag, value", [("--header-timeout-s", "0"), ("--header-timeout-s", "nan"),
                                          ("--header-timeout-s", "inf"), ("--max-idle-connections", "0")])
 def test_connection_limits_out_of_range_are_refused_naming_the_option(capsys, flag, value):

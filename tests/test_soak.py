@@ -14,6 +14,8 @@ from tests.fixtures.desktop import start_desktop
 from tests.fixtures.polling import wait_until
 from tests.fixtures.tk_windows import open_test_window
 
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
+
 SOAK_S = 300.0
 CHANGE_EVERY_S = 1.0
 WARMUP_S = 60.0                          # RSS is compared from here (imports, OCR model, caches are in by then)
@@ -24,6 +26,7 @@ SETTINGS = ('[capture]\nregion = "200,200,480,160"\ninterval_s = 0.5\n[overlay]\
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(SOAK_S + 300)
 def test_five_minutes_of_a_changing_screen_keep_memory_flat_and_the_hotkey_answering():
     desktop = start_desktop(1600, 900, tray="trayer")

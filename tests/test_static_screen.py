@@ -11,12 +11,14 @@ import time
 
 import pytest
 
-from deskeye.geometry import Rect
-from deskeye.placement import default_region, overlay_column
+from deskeye.see.geometry import Rect
+from deskeye.see.placement import default_region, overlay_column
 from tests.fixtures.deskeye_process import start_deskeye
 from tests.fixtures.desktop import start_desktop
 from tests.fixtures.processes import stop_process
 from tests.fixtures.tk_windows import open_test_window
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 QUIET_MINUTE_S = 62.0
 LINES = ["Traceback (most recent call last):", '  File "report.py", line 12, in <module>',
@@ -64,6 +66,7 @@ def quiet_desktops():
             desktop.stop()
 
 
+@pytest.mark.slow
 def test_a_quiet_screen_is_described_once_and_a_clock_at_most_once_a_minute(quiet_desktops):
     for name, app in quiet_desktops.items():
         assert app.read_until("deskeye: watching", 90), f"{name}: {''.join(app.output)}"

@@ -19,12 +19,14 @@ import time
 import psutil
 import pytest
 
-from deskeye.client import WorkerClient
+from deskeye.worker.client import WorkerClient
 from deskeye.errors import WorkerUnavailable
 from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import HealthProbe, WorkerSupervisor
+from deskeye.worker.supervisor import HealthProbe, WorkerSupervisor
 from tests.fixtures.polling import wait_until
 from tests.fixtures.text_image import render_text_png
+
+pytestmark = [pytest.mark.subprocess]
 
 WORDS = ["Quarterly", "budget", "review"]
 
@@ -67,6 +69,7 @@ def _children_in(state_dir) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_start_waits_until_the_worker_serves(running):
     supervisor, _, states = running
     endpoint = supervisor.endpoint(timeout_s=1)
@@ -87,6 +90,7 @@ def test_ask_returns_the_text_ocr_read(running, text_png):
     assert answer.latency_ms > 0
 
 
+@pytest.mark.slow
 def test_sigkilled_worker_is_restarted_and_the_next_ask_succeeds(running, text_png):
     supervisor, client, states = running
     old_pid, old_endpoint, restarts = supervisor.pid, supervisor.endpoint(1), supervisor.num_restarts
@@ -99,6 +103,7 @@ def test_sigkilled_worker_is_restarted_and_the_next_ask_succeeds(running, text_p
     assert "restarting" in states and states[-1] == "ready"
 
 
+@pytest.mark.slow
 def test_a_question_in_flight_when_the_worker_dies_is_retried(running):
     """The kill lands while the request is being served (checked: the ask has not returned yet)."""
     supervisor, client, _ = running
@@ -120,6 +125,7 @@ def test_a_question_in_flight_when_the_worker_dies_is_retried(running):
     assert supervisor.num_restarts == restarts + 1 and supervisor.pid != pid
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_detected_killed_and_restarted(text_png):
     """SIGSTOP: the process lives, its socket still accepts connections, but nothing answers."""
     probe = HealthProbe(interval_s=0.3, timeout_s=0.7, max_missed=2)
@@ -148,6 +154,7 @@ def test_a_hung_worker_is_detected_killed_and_restarted(text_png):
         supervisor.stop()
 
 
+@pytest.mark.slow
 def test_stop_terminates_the_worker_and_leaves_no_child():
     supervisor = WorkerSupervisor(ocr_settings())
     supervisor.start()
@@ -161,6 +168,7 @@ def test_stop_terminates_the_worker_and_leaves_no_child():
         supervisor.endpoint(timeout_s=0.1)
 
 
+@pytest.mark.slow
 def test_gives_up_after_max_restarts_with_the_workers_output():
     states: list[str] = []
     supervisor = WorkerSupervisor(ocr_settings(max_restarts=1), on_state_change=states.append)
@@ -181,6 +189,7 @@ def test_gives_up_after_max_restarts_with_the_workers_output():
         supervisor.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wait", [False, True])
 def test_a_start_after_stop_starts_nothing(tmp_path, monkeypatch, wait):
     """A stop is for good (the app quit while it was still starting): no worker, no folder, "not running"."""
@@ -202,6 +211,7 @@ def test_a_start_after_stop_starts_nothing(tmp_path, monkeypatch, wait):
         supervisor.stop()
 
 
+@pytest.mark.slow
 def test_a_stop_racing_start_never_leaves_a_worker_or_a_folder(tmp_path, monkeypatch):
     """start() and stop() on two threads, the stop a little later each time: whichever wins, nothing is left."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -217,6 +227,7 @@ def test_a_stop_racing_start_never_leaves_a_worker_or_a_folder(tmp_path, monkeyp
         assert list(tmp_path.iterdir()) == [], f"a state folder outlived stop() (delay {delay_s} s)"
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_is_reported_with_its_error(tmp_path):
     missing = tmp_path / "no-such-model"
     supervisor = WorkerSupervisor(ocr_settings(engine="transformers", model=str(missing)))
@@ -250,7 +261,7 @@ def test_external_url_runs_no_process(monkeypatch):
 APP_SCRIPT = """
 import sys, time
 from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import HealthProbe, WorkerSupervisor
+from deskeye.worker.supervisor import HealthProbe, WorkerSupervisor
 supervisor = WorkerSupervisor(with_overrides(Settings(), worker={"engine": "ocr", "startup_timeout_s": 60.0}))
 supervisor.start()
 print(supervisor.pid, flush=True)
@@ -258,6 +269,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
 def test_a_killed_app_leaves_no_orphaned_worker(tmp_path):
     app = subprocess.Popen([sys.executable, "-c", APP_SCRIPT], stdout=subprocess.PIPE, text=True,
@@ -278,7 +290,7 @@ def test_a_killed_app_leaves_no_orphaned_worker(tmp_path):
 
 def test_the_worker_settings_reach_the_worker_it_starts(tmp_path):
     """The app's [worker] settings (model, device, dtype, OCR grounding, timeout) become the child's config."""
-    from deskeye.supervisor import worker_command
+    from deskeye.worker.launch import worker_command
     from inference_worker.cli import build_parser, config_from_args
 
     settings = with_overrides(Settings(), worker={

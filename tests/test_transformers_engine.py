@@ -1,5 +1,5 @@
 """The transformers engine on tiny random-weight Idefics3 and LLaVA checkpoints built at test time, loaded
-through the same `load_transformers_engine` the worker uses; and the loader's user-facing errors."""
+through the same `load_hf_engine` the worker uses; and the loader's user-facing errors."""
 
 from __future__ import annotations
 
@@ -11,13 +11,17 @@ import pytest
 import torch
 
 from inference_worker.engines.hf import loading
+from inference_worker.engines.base import run_one
 from inference_worker.engines.ocr.grounding import with_ocr_grounding
 from inference_worker.engines.hf.loading import (GB, ModelLoadError, check_fits_vram, checkpoint_weight_bytes,
                                               required_vram_bytes)
-from inference_worker.engines.hf.engine import TransformersEngine, load_transformers_engine
+from inference_worker.engines import EngineOptions, load_hf_engine
+from inference_worker.engines.hf.engine import TransformersEngine
 from inference_worker.protocol import parse_chat_request
 from deskeye.prompt import Turn, build_messages
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
+
+pytestmark = [pytest.mark.model]
 
 RED, BLUE = png_bytes((220, 30, 30)), png_bytes((30, 30, 220))
 #: the special tokens of both fixture families (and ChatML's), as a user or a remembered answer might type them
@@ -31,20 +35,21 @@ FAMILIES = {"idefics3": "Idefics3ForConditionalGeneration", "llava": "LlavaForCo
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_engine(request):
     folder = request.getfixturevalue(f"tiny_{request.param}_dir")
-    engine = load_transformers_engine(str(folder), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(folder), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield request.param, engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def idefics3_engine(tiny_idefics3_dir):
-    engine = load_transformers_engine(str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    engine = load_hf_engine(str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     yield engine
     engine.close()
 
 
 # ---------------------------------------------------------------- answering
 
+@pytest.mark.slow
 def test_each_family_loads_and_answers_a_message_with_an_image(family_engine):
     family, engine = family_engine
     assert isinstance(engine, TransformersEngine) and engine.kind == "transformers"
@@ -53,21 +58,22 @@ def test_each_family_loads_and_answers_a_message_with_an_image(family_engine):
     with_image, images = chat_request(image_png=RED, max_tokens=12)
     text_only, _ = chat_request(max_tokens=12)
 
-    answer = engine.complete(with_image, images)
-    no_image = engine.complete(text_only, [])
+    answer = run_one(engine, with_image)
+    no_image = run_one(engine, text_only)
 
     assert answer.finish_reason in ("stop", "length") and 1 <= answer.completion_tokens <= 12
     assert answer.text and isinstance(answer.text, str)
-    assert {k: answer.extra[k] for k in ("constrained", "kv_cache", "batch_size")} == {
-        "constrained": False, "kv_cache": "off", "batch_size": 1}         # this fixture engine keeps no frame KV
-    assert no_image.extra["kv_cache"] == "none"
-    assert set(answer.extra["timing"]) == {"ttft_ms", "decode_ms"}
+    facts = answer.facts
+    assert (facts.constrained, facts.cache, facts.batch_size) == (False, "off", 1)   # this fixture keeps no frame KV
+    assert no_image.facts.cache == "none"
+    timing = {name for name, ms in vars(facts.timing).items() if ms is not None}
+    assert timing - {"vision_ms"} == {"ttft_ms", "decode_ms"}       # the engine's own; the service adds the rest
     # the image became the family's image tokens (16 per 32 px image in these fixtures) in the prompt
     assert answer.prompt_tokens - no_image.prompt_tokens >= 16
 
 
 def _next_token_logits(engine, png: bytes) -> torch.Tensor:
-    inputs = engine.prepare(*chat_request(image_png=png, max_tokens=1)).inputs
+    inputs = engine.prepare(chat_request(image_png=png, max_tokens=1)[0]).inputs
     ids = inputs.all_ids()
     with torch.inference_mode():
         return engine.model(input_ids=ids, attention_mask=torch.ones_like(ids), **inputs.vision).logits[0, -1].float()
@@ -85,7 +91,7 @@ def test_the_image_reaches_the_model(family_engine):
 def test_greedy_decoding_is_deterministic(family_engine):
     _, engine = family_engine
     request, images = chat_request(image_png=RED, max_tokens=16)
-    first, second = engine.complete(request, images), engine.complete(request, images)
+    first, second = run_one(engine, request), run_one(engine, request)
     assert first.text == second.text and first.completion_tokens == second.completion_tokens
 
 
@@ -97,18 +103,18 @@ def test_sampling_defaults_in_a_checkpoint_do_not_change_a_greedy_request(tiny_l
     config = json.loads(config_file.read_text())
     config.update(do_sample=True, temperature=0.7, top_p=0.8, top_k=100, repetition_penalty=1.05, num_beams=3)
     config_file.write_text(json.dumps(config))
-    plain = load_transformers_engine(str(tiny_llava_dir), device="cpu", progress=False)
-    with_defaults = load_transformers_engine(str(folder), device="cpu", progress=False)
+    plain = load_hf_engine(str(tiny_llava_dir), EngineOptions(device="cpu"), progress=False)
+    with_defaults = load_hf_engine(str(folder), EngineOptions(device="cpu"), progress=False)
     request, images = chat_request(image_png=RED, max_tokens=16)
-    assert with_defaults.complete(request, images).text == plain.complete(request, images).text
+    assert run_one(with_defaults, request).text == run_one(plain, request).text
 
 
 def test_a_seed_reproduces_a_sample_and_another_seed_differs(idefics3_engine):
     request, images = chat_request(image_png=RED, max_tokens=16, temperature=1.0, top_p=0.95, top_k=50)
     seven = with_sampling(request, seed=7)
-    first, again = idefics3_engine.complete(seven, images), idefics3_engine.complete(seven, images)
-    other = idefics3_engine.complete(with_sampling(request, seed=8), images)
-    greedy = idefics3_engine.complete(with_sampling(request, temperature=0.0), images)
+    first, again = run_one(idefics3_engine, seven), run_one(idefics3_engine, seven)
+    other = run_one(idefics3_engine, with_sampling(request, seed=8))
+    greedy = run_one(idefics3_engine, with_sampling(request, temperature=0.0))
     assert first.text == again.text
     assert other.text != first.text
     assert greedy.text != first.text
@@ -117,7 +123,7 @@ def test_a_seed_reproduces_a_sample_and_another_seed_differs(idefics3_engine):
 def test_num_threads_is_applied_on_the_calling_thread(idefics3_engine):
     torch.set_num_threads(2)
     request, images = chat_request(image_png=RED, max_tokens=2)
-    idefics3_engine.complete(request, images)
+    run_one(idefics3_engine, request)
     assert torch.get_num_threads() == 1
 
 
@@ -137,6 +143,7 @@ def test_after_call_empties_the_cuda_cache_when_cuda_is_there_and_counts_it(idef
     assert idefics3_engine.num_cuda_empty_cache_calls - before == 3      # no CUDA: nothing emptied, nothing counted
 
 
+@pytest.mark.slow
 def test_the_ocr_grounded_wrapper_reports_the_inner_engines_count(idefics3_engine, monkeypatch):
     """CUDA simulated as above; the wrapper's after_call reaches the model engine and its count is the inner's."""
     calls = []
@@ -178,8 +185,8 @@ def test_special_token_strings_in_request_text_stay_text(family_engine, monkeypa
     _, images = chat_request(image_png=RED)
     prompts = recorded_input_ids(engine, monkeypatch)
 
-    engine.complete(clean, images)
-    answer = engine.complete(injected, images)
+    run_one(engine, clean)
+    answer = run_one(engine, injected)
 
     assert answer.finish_reason in ("stop", "length") and answer.completion_tokens >= 1
     specials = special_token_ids(engine.tokenizer)
@@ -194,7 +201,7 @@ def test_special_token_strings_in_request_text_stay_text(family_engine, monkeypa
 def test_special_token_strings_without_an_image_are_not_an_error(idefics3_engine):
     """Was: ValueError "Found 1 <image> tokens in the text but no images were passed"."""
     request, _ = chat_request(INJECTED, max_tokens=4)
-    assert idefics3_engine.complete(request, []).completion_tokens >= 1
+    assert run_one(idefics3_engine, request).completion_tokens >= 1
 
 
 def test_special_tokens_split_across_text_parts_stay_text(idefics3_engine):
@@ -229,7 +236,7 @@ def test_the_escape_falls_back_to_a_space_where_the_tokenizer_cannot_encode_it()
 
 
 def test_loading_shows_a_progress_bar_on_stderr(tiny_llava_dir, capsys):
-    load_transformers_engine(str(tiny_llava_dir), device="cpu", progress=True).close()
+    load_hf_engine(str(tiny_llava_dir), EngineOptions(device="cpu"), progress=True).close()
     err = capsys.readouterr().err
     assert "Loading" in err and "3/3" in err
 
@@ -239,7 +246,7 @@ def test_loading_shows_a_progress_bar_on_stderr(tiny_llava_dir, capsys):
 def test_a_missing_folder_is_named(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(ModelLoadError, match="does not exist") as exc:
-        load_transformers_engine(str(missing), progress=False)
+        load_hf_engine(str(missing), EngineOptions(), progress=False)
     assert str(missing) in str(exc.value)
 
 
@@ -249,7 +256,7 @@ def test_an_incomplete_folder_says_what_is_missing(tiny_idefics3_dir, tmp_path):
     (folder / "model.safetensors").unlink()
     (folder / "processor_config.json").unlink()
     with pytest.raises(ModelLoadError) as exc:
-        load_transformers_engine(str(folder), progress=False)
+        load_hf_engine(str(folder), EngineOptions(), progress=False)
     message = str(exc.value)
     assert "incomplete" in message and "weights" in message and "image processor" in message
     assert "config.json (the model configuration)" not in message and "tokenizer" not in message
@@ -261,7 +268,7 @@ def test_a_hub_id_while_offline_says_how_to_download_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(ModelLoadError) as exc:
-        load_transformers_engine("openbmb/MiniCPM-V-4.6", progress=False)
+        load_hf_engine("openbmb/MiniCPM-V-4.6", EngineOptions(), progress=False)
     message = str(exc.value)
     assert "neither a local folder nor in the local Hugging Face cache" in message and "HF_HUB_OFFLINE" in message
     assert "hf download openbmb/MiniCPM-V-4.6" in message
@@ -270,14 +277,14 @@ def test_a_hub_id_while_offline_says_how_to_download_it(tmp_path, monkeypatch):
 def test_asking_for_cuda_without_a_gpu_is_a_clear_error(tiny_llava_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ModelLoadError, match="sees no CUDA GPU.*--device cpu"):
-        load_transformers_engine(str(tiny_llava_dir), device="cuda", progress=False)
+        load_hf_engine(str(tiny_llava_dir), EngineOptions(device="cuda"), progress=False)
 
 
 def test_bad_device_and_dtype_names_are_rejected(tiny_llava_dir):
     with pytest.raises(ModelLoadError, match="device must be one of auto, cuda, cpu"):
-        load_transformers_engine(str(tiny_llava_dir), device="gpu", progress=False)
+        load_hf_engine(str(tiny_llava_dir), EngineOptions(device="gpu"), progress=False)
     with pytest.raises(ModelLoadError, match="dtype must be one of"):
-        load_transformers_engine(str(tiny_llava_dir), dtype="float16", progress=False)
+        load_hf_engine(str(tiny_llava_dir), EngineOptions(dtype="float16"), progress=False)
 
 
 # ---------------------------------------------------------------- memory: pure functions of bytes

@@ -15,12 +15,14 @@ from datetime import datetime
 import psutil
 import pytest
 
-from deskeye.geometry import Rect
-from deskeye.x11_windows import OwnWindows
+from deskeye.see.geometry import Rect
+from deskeye.see.x11_windows import OwnWindows
 from tests.fixtures.deskeye_process import start_deskeye
 from tests.fixtures.desktop import start_desktop
 from tests.fixtures.polling import wait_until
 from tests.fixtures.tk_windows import open_test_window
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 SETTINGS = '[worker]\nengine = "ocr"\n[overlay]\nfade_after_s = 0.0\n[hooks]\ndry_run = true\n'
 LINES = ["Quarterly report draft", "Revenue grew by twelve percent", "Costs are under review"]
@@ -64,6 +66,7 @@ def click_icon_and_open_menu(desktop, pid: int, button: str = "1") -> str:
     return menus[0]
 
 
+@pytest.mark.slow
 def test_tray_menu_ask_box_quick_answer_and_quit(desktop):
     window = open_test_window(desktop.display, "Report - editor", "800x600+174+150", lines=LINES)
     app = start_deskeye(desktop, settings=SETTINGS)
@@ -106,6 +109,7 @@ def test_tray_menu_ask_box_quick_answer_and_quit(desktop):
         window.close()
 
 
+@pytest.mark.slow
 def test_the_icon_docks_again_when_the_tray_host_restarts_and_in_tint2(desktop):
     app = start_deskeye(desktop, settings=SETTINGS)
     try:
@@ -126,6 +130,7 @@ def test_the_icon_docks_again_when_the_tray_host_restarts_and_in_tint2(desktop):
         app.stop()
 
 
+@pytest.mark.slow
 def test_ask_hotkey_opens_the_ask_box_right_click_opens_the_menu_and_notifications_miss_the_overlay(desktop):
     window = open_test_window(desktop.display, "Report - editor", "800x600+174+150", lines=LINES)
     app = start_deskeye(desktop, settings=SETTINGS)
@@ -171,8 +176,9 @@ def find_colour(desktop, colour: tuple[int, int, int], area: tuple[int, int, int
     return (area[0] + sum(p[0] for p in points) // len(points), area[1] + sum(p[1] for p in points) // len(points))
 
 
+@pytest.mark.slow
 def test_with_a_status_notifier_host_the_icon_is_an_appindicator_with_the_same_menu():
-    from deskeye.tray import IDLE, STATE_COLOURS
+    from deskeye.ui.tray import IDLE, STATE_COLOURS
     session = start_desktop(1600, 900, tray="xfce4-panel")
     app = start_deskeye(session, settings=SETTINGS)
     try:

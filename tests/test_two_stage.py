@@ -29,12 +29,15 @@ import pytest
 
 from tests.fixtures.desktop import use_private_xdg_home
 
-from deskeye.app import App, build_app
+from deskeye.app import App
+from deskeye.compose import build_app
 from deskeye.errors import SettingsError
 from deskeye.settings import settings_from_dict
-from deskeye.supervisor import HealthProbe, WorkerSupervisor
+from deskeye.worker.supervisor import HealthProbe, WorkerSupervisor
 from tests.fixtures.polling import wait_until
 from tests.fixtures.worker import running_worker
+
+pytestmark = [pytest.mark.desktop, pytest.mark.model, pytest.mark.subprocess]
 
 REGION_GEOMETRY = "800x600+560+240"        # the default capture region: 800x600 centred on 1920x1080
 LINES = ["Quarterly report draft", "Revenue grew by twelve percent", "Costs are under review",
@@ -177,6 +180,7 @@ def assert_model_answer_is_final(app: App, first, answer, shown: list, hook: Hoo
     assert firings[0]["key_objects"] == list(remembered.key_objects)
 
 
+@pytest.mark.slow
 def test_a_local_model_is_preceded_by_the_ocr_first_look_and_only_its_answer_fires_the_hook(
         screen, tiny_idefics3_dir, tmp_path):
     hook = Hook(tmp_path)
@@ -192,6 +196,7 @@ def test_a_local_model_is_preceded_by_the_ocr_first_look_and_only_its_answer_fir
         stop_app(app)
 
 
+@pytest.mark.slow
 def test_an_external_model_is_preceded_by_a_local_ocr_first_look(screen, remote_model, tmp_path):
     hook = Hook(tmp_path)
     app = start_app(tmp_path, {"url": remote_model.url, "api_key": remote_model.api_key}, hook)
@@ -206,6 +211,7 @@ def test_an_external_model_is_preceded_by_a_local_ocr_first_look(screen, remote_
         stop_app(app)
 
 
+@pytest.mark.slow
 def test_when_the_model_fails_the_first_look_stays_with_the_error_and_no_hook_fires(screen, tmp_path):
     with socket.socket() as probe:                     # a port nothing listens on: the model server is down
         probe.bind(("127.0.0.1", 0))
@@ -226,6 +232,7 @@ def test_when_the_model_fails_the_first_look_stays_with_the_error_and_no_hook_fi
         stop_app(app)
 
 
+@pytest.mark.slow
 def test_the_ocr_engine_alone_answers_in_one_stage(screen, tmp_path):
     hook = Hook(tmp_path)
     app = start_app(tmp_path, {"engine": "ocr"}, hook)

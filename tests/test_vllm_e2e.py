@@ -20,15 +20,17 @@ import jsonschema
 import psutil
 import pytest
 
-from deskeye.client import WorkerClient
+from deskeye.worker.client import WorkerClient
 from deskeye.errors import AnswerError
-from deskeye.overlay import WINDOW_TITLE
+from deskeye.ui.overlay import WINDOW_TITLE
 from deskeye.settings import Settings, with_overrides
-from deskeye.supervisor import WorkerSupervisor
+from deskeye.worker.supervisor import WorkerSupervisor
 from deskeye.prompt import DESCRIBE_QUESTION, DESKEYE_SCHEMA, build_messages, deskeye_response_format
 from tests.fixtures.polling import wait_until
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.vllm_server import SERVED_MODEL, STRUCTURED_OUTPUTS
+
+pytestmark = [pytest.mark.desktop, pytest.mark.subprocess]
 
 REGION_GEOMETRY = "800x600+560+240"
 LINES = ["Quarterly report draft", "Revenue grew by twelve percent", "Costs are under review"]
@@ -68,6 +70,7 @@ def assert_schema_answer(stdout: str) -> dict:
     return answer
 
 
+@pytest.mark.slow
 def test_describe_succeeds_with_vllms_default_structured_output_backend(vllm_server, tmp_path):
     png = tmp_path / "screen.png"
     png.write_bytes(render_text_png(LINES))
@@ -80,6 +83,7 @@ def test_describe_succeeds_with_vllms_default_structured_output_backend(vllm_ser
     assert "Internal server error" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_old_schema_fails_on_xgrammar_and_todays_compiles(vllm_server):
     """Why the schema changed: `{0,200}` (a repeat above 128) fails in vLLM's xgrammar; the same bound as two runs
     of 100 compiles and constrains the answer."""
@@ -100,6 +104,7 @@ def test_the_old_schema_fails_on_xgrammar_and_todays_compiles(vllm_server):
     client.close()
 
 
+@pytest.mark.slow
 def test_ask_answers_a_question_about_the_frame(vllm_server, tmp_path):
     png = tmp_path / "screen.png"
     png.write_bytes(render_text_png(LINES))
@@ -108,6 +113,7 @@ def test_ask_answers_a_question_about_the_frame(vllm_server, tmp_path):
     assert_schema_answer(proc.stdout)
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_vllm_server_and_its_structured_output(vllm_server, tmp_path, xdisplay):
     proc = deskeye(tmp_path, vllm_server.url, "doctor", display=xdisplay.name)
     lines = {line.split()[1]: line for line in proc.stdout.splitlines()}
@@ -117,6 +123,7 @@ def test_doctor_reports_the_vllm_server_and_its_structured_output(vllm_server, t
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_cut_off_answer_is_asked_again_with_more_room(vllm_server, caplog):
     """At 16 tokens the random model's JSON is cut off (finish_reason length): the client doubles the room."""
     settings = with_overrides(Settings(), worker={"url": vllm_server.url, "request_timeout_s": 120.0,
@@ -125,7 +132,7 @@ def test_a_cut_off_answer_is_asked_again_with_more_room(vllm_server, caplog):
     supervisor.start()
     client = WorkerClient(supervisor, settings)
     before = num_answered(vllm_server)
-    with caplog.at_level(logging.INFO, logger="deskeye.client"):
+    with caplog.at_level(logging.INFO, logger="deskeye.worker.client"):
         try:
             answer = client.ask(DESCRIBE_QUESTION, render_text_png(LINES))
         except AnswerError as exc:                 # the cap (4x16 tokens) may be too little: see below
@@ -149,6 +156,7 @@ def test_a_cut_off_answer_is_asked_again_with_more_room(vllm_server, caplog):
     client.close()
 
 
+@pytest.mark.slow
 def test_deskeye_run_hotkey_shows_vllms_answer_in_the_overlay(vllm_server, xdisplay, tmp_path, open_window):
     """`deskeye run` pointed at vLLM: the hotkey sends the frame to vLLM and the overlay appears; no worker child."""
     open_window("Report - editor", REGION_GEOMETRY, lines=LINES)

@@ -19,6 +19,8 @@ import pytest
 from deskeye.prompt import DESKEYE_SCHEMA, MAX_GRAMMAR_REPEAT
 from tests.fixtures.vllm_server import vllm_env, vllm_python
 
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
+
 PROBE = "tests/fixtures/vllm_grammar_probe.py"
 
 
@@ -58,6 +60,7 @@ def test_every_bounded_repeat_is_at_most_128():
     assert repeats and max(repeats) <= MAX_GRAMMAR_REPEAT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["xgrammar", "guidance", "outlines"])
 def test_the_schema_compiles_and_holds_on(backend, verdicts):
     result = verdicts[backend]
@@ -67,6 +70,7 @@ def test_the_schema_compiles_and_holds_on(backend, verdicts):
     assert [name for name in REFUSED if accepted[name]] == []
 
 
+@pytest.mark.slow                # 1 s or more with the fixtures it sets up
 def test_the_backends_agree_on_every_text(verdicts):
     assert verdicts["xgrammar"]["accepted"] == verdicts["guidance"]["accepted"] == verdicts["outlines"]["accepted"]
 

@@ -18,8 +18,8 @@ import pytest
 from PIL import Image
 
 from inference_worker.config import WorkerConfig
-from inference_worker.serving.validation import retry_request
-from inference_worker.engines.base import Engine
+from inference_worker.serving.retry import retry_request
+from inference_worker.engines.base import OneRowEngine
 from inference_worker.protocol import Completion, parse_chat_request
 from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format, image_data_url, parse_description
@@ -27,6 +27,8 @@ from inference_worker.server.lifetime import run_worker
 from tests.fixtures.text_image import render_text_png
 from tests.fixtures.polling import wait_until
 from tests.fixtures.worker import WorkerHandle, running_worker, start_worker
+
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
 NUM_SCHEMA_REQUESTS = 50
 # Small enough to keep the suite fast, large enough that the bounded schema usually closes: at 96 tokens
@@ -102,6 +104,7 @@ def test_alias_and_empty_model_name_are_accepted(tiny_worker):
         assert answer.model == tiny_worker.model
 
 
+@pytest.mark.slow
 def test_fifty_schema_requests_all_validate_with_retries_reported(tiny_worker):
     before = tiny_worker.metrics()
     answers = send_all(tiny_worker.openai_client(), schema_requests())
@@ -131,6 +134,7 @@ def ungrammared_worker(tiny_idefics3_dir, tmp_path_factory):
     assert not handle.state_file.exists()
 
 
+@pytest.mark.slow
 def test_without_the_grammar_nearly_all_fail_validation(ungrammared_worker):
     """Without the grammar a random model's answers are not DeskEye JSON: a complete one is refused (502), one cut
     off at max_tokens comes back as it stands with finish_reason "length" (as from any OpenAI server)."""
@@ -159,6 +163,7 @@ def ocr_fallback_worker(tmp_path_factory):
         yield handle
 
 
+@pytest.mark.slow
 def test_auto_engine_falls_back_to_ocr_and_says_so(ocr_fallback_worker):
     assert ocr_fallback_worker.health["engine"] == "ocr"
     assert ocr_fallback_worker.state["engine"] == "ocr"
@@ -248,18 +253,19 @@ def in_process_worker(tmp_path, load) -> Iterator[WorkerHandle]:
         server.join(30)
 
 
+@pytest.mark.slow
 def test_cuda_empty_cache_calls_reach_the_metric(tiny_idefics3_dir, tmp_path, monkeypatch):
     """A CUDA device cannot run here: torch.cuda says one is present and records empty_cache calls, while the
     real tiny Idefics3 engine (loaded on the CPU) answers through the real worker on this process."""
     import torch
 
-    from inference_worker.engines.hf.engine import load_transformers_engine
+    from inference_worker.engines import EngineOptions, load_hf_engine
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
-    load = lambda config, progress: load_transformers_engine(  # noqa: E731
-        str(tiny_idefics3_dir), device="cpu", num_threads=1, progress=False)
+    load = lambda config, progress: load_hf_engine(
+        str(tiny_idefics3_dir), EngineOptions(device="cpu", num_threads=1), progress=False)
     with in_process_worker(tmp_path, load) as handle:
         client = handle.openai_client()
         for i in range(3):
@@ -273,7 +279,7 @@ def test_cuda_empty_cache_calls_reach_the_metric(tiny_idefics3_dir, tmp_path, mo
         assert metrics["deskeye_worker_cache_release_total"] == 3
 
 
-class CrashOnDemandEngine(Engine):
+class CrashOnDemandEngine(OneRowEngine):
     """Stands in for an engine crash (a CUDA fault, a driver error) that a real model cannot be made to hit
     on demand; it records which threads touch it, so the test can check that only the model thread does."""
     kind = "stand-in"
@@ -284,9 +290,9 @@ class CrashOnDemandEngine(Engine):
         self.num_after_calls = 0
         self.is_closed = False
 
-    def complete(self, request, images):
+    def answer(self, item):
         self.threads.add(threading.current_thread().name)
-        if "crash" in request.messages[-1].text:
+        if "crash" in item.request.messages[-1].text:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return Completion("fine", "stop", prompt_tokens=3, completion_tokens=1)
 
@@ -299,6 +305,7 @@ class CrashOnDemandEngine(Engine):
         self.is_closed = True
 
 
+@pytest.mark.slow
 def test_engine_failure_answers_500_and_the_worker_keeps_serving(tmp_path):
     engine = None
 

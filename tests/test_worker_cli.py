@@ -18,6 +18,8 @@ from inference_worker.cli import build_parser
 from inference_worker.config import WorkerConfig
 from tests.fixtures.worker import REPO_ROOT, start_worker, worker_env
 
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
+
 CONSOLE_SCRIPT = Path(sys.executable).parent / "deskeye-worker"
 
 
@@ -68,6 +70,7 @@ def test_bad_options_give_one_line_and_status_2(args, words):
         assert word in lines[0]
 
 
+@pytest.mark.slow
 def test_missing_model_folder_is_a_one_line_error(tmp_path):
     missing = tmp_path / "no-such-model"
     state_file = tmp_path / "worker.json"
@@ -79,6 +82,7 @@ def test_missing_model_folder_is_a_one_line_error(tmp_path):
     assert not state_file.exists(), "the state file is removed when the worker gives up"
 
 
+@pytest.mark.slow
 def test_port_in_use_is_a_one_line_error(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -90,6 +94,7 @@ def test_port_in_use_is_a_one_line_error(tmp_path):
     assert f"127.0.0.1:{port}" in line and "in use" in line and "--port" in line
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_worker_cleanly_and_removes_the_state_file(tmp_path):
     """With the OCR engine (quick to start); test_worker_api's no-grammar worker checks the same with a model."""
     worker = start_worker(["--engine", "ocr"], tmp_path)
@@ -104,6 +109,7 @@ def test_sigterm_stops_the_worker_cleanly_and_removes_the_state_file(tmp_path):
         socket.create_connection((worker.host, worker.port), timeout=2).close()
 
 
+@pytest.mark.slow
 def test_ocr_engine_loads_without_importing_torch():
     code = ("import sys; from inference_worker.config import WorkerConfig; "
             "from inference_worker.engines import load_engine; "
@@ -115,6 +121,7 @@ def test_ocr_engine_loads_without_importing_torch():
     assert result.stdout.split() == ["ocr", "OcrEngine", "False", "False"]   # no OCR-grounded OCR either
 
 
+@pytest.mark.slow
 def test_ground_with_ocr_wraps_the_model_engine(tiny_idefics3_dir):
     from inference_worker.engines import load_engine
 
@@ -127,6 +134,7 @@ def test_ground_with_ocr_wraps_the_model_engine(tiny_idefics3_dir):
         engine.close()
 
 
+@pytest.mark.slow
 def test_a_live_workers_state_file_is_not_taken_over(tmp_path):
     state_file = tmp_path / "worker.json"
     state_file.write_text(json.dumps({"url": "http://127.0.0.1:1", "api_key": "x", "pid": os.getpid()}))

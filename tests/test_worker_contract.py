@@ -20,6 +20,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from tests.fixtures.worker import running_worker
 from tests.test_worker_api import image_message, png_bytes
 
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
+
 MAX_CHAT_EXAMPLES = 300                   # POST /v1/chat/completions: the operation that takes client input
 MAX_OTHER_EXAMPLES = 20                   # each GET (no parameters: headers and the key only)
 ERROR_FIELDS = {"message", "type", "param", "code"}
@@ -34,6 +36,7 @@ def fuzz_worker(tiny_idefics3_dir, tmp_path_factory):
         yield handle
 
 
+@pytest.mark.slow
 def test_fuzzed_requests_never_get_a_5xx_and_errors_have_the_json_shape(fuzz_worker):
     auth = {"Authorization": f"Bearer {fuzz_worker.api_key}"}
     schema = schemathesis.openapi.from_url(f"{fuzz_worker.url}/openapi.json", headers=auth)
@@ -70,6 +73,7 @@ def fuzz(operation, mode: GenerationMode, auth: dict[str, str]) -> None:
     check()
 
 
+@pytest.mark.slow
 def test_the_worker_serves_a_good_request_after_the_fuzzing(fuzz_worker):
     client = fuzz_worker.openai_client()
     answer = client.chat.completions.create(model="deskeye", messages=image_message("What is this?", png_bytes()),

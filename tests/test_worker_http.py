@@ -24,6 +24,8 @@ from tests.fixtures.text_image import render_text_png
 from tests.fixtures.worker import WorkerHandle, running_worker
 from tests.test_worker_api import image_message, png_bytes, schema_requests
 
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
+
 CHAT = "/v1/chat/completions"
 
 
@@ -37,6 +39,7 @@ def streamed_text(chunks: list) -> str:
 
 # ---------------------------------------------------------------- streaming
 
+@pytest.mark.slow
 def test_stream_of_a_tiny_vlm_concatenates_to_schema_valid_json(tiny_worker):
     """The grammar constrains the streamed JSON: several content chunks, which together validate."""
     chunks = stream_chunks(tiny_worker.openai_client(), model="deskeye", max_tokens=1024, temperature=0,
@@ -73,6 +76,7 @@ def ocr_worker(tmp_path_factory):
         yield handle
 
 
+@pytest.mark.slow
 def test_stream_of_the_ocr_engine_concatenates_to_schema_valid_json(ocr_worker):
     png = render_text_png(["Quarterly report", "Revenue up 12% in the third quarter", "Meeting at 10:45"])
     chunks = stream_chunks(ocr_worker.openai_client(), model="", max_tokens=256,
@@ -83,6 +87,31 @@ def test_stream_of_the_ocr_engine_concatenates_to_schema_valid_json(ocr_worker):
     data = json.loads(streamed_text(chunks))
     jsonschema.validate(data, DESKEYE_SCHEMA)
     assert "Quarterly report" in data["summary"]
+
+
+@pytest.mark.slow
+def test_the_deskeye_field_leaves_out_what_the_engine_did_not_measure(ocr_worker):
+    """The OCR engine reads text but decodes no tokens: its answer's `deskeye` carries its reading and the service's
+    timing, no ttft_ms or batch_size, and no null anywhere; a stream's last chunk carries the same facts."""
+    messages = build_messages("What is on this screen?", render_text_png(["Quarterly report", "Meeting at 10:45"]))
+    status, body = ocr_worker.request("POST", CHAT, {"messages": messages, "max_tokens": 256})
+    assert status == 200, body
+    facts = body["deskeye"]
+    assert facts["engine"] == "ocr" and facts["ocr"]["num_lines"] >= 2 and facts["retries"] == 0
+    assert set(facts["timing"]) == {"queue_ms", "total_ms"} and "batch_size" not in facts
+    assert not nulls_in(facts)
+    chunks = stream_chunks(ocr_worker.openai_client(), model="", max_tokens=256, messages=messages)
+    [streamed] = [c.model_extra["deskeye"] for c in chunks if (c.model_extra or {}).get("deskeye")]
+    assert set(streamed) == set(facts) and not nulls_in(streamed)
+
+
+def nulls_in(value, path: str = "") -> list[str]:
+    """The paths of the null values in a decoded JSON value."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in nulls_in(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [p for index, item in enumerate(value) for p in nulls_in(item, f"{path}[{index}]")]
+    return [path] if value is None else []
 
 
 def test_stream_errors_before_it_starts_are_plain_http_errors(ocr_worker):
@@ -125,6 +154,7 @@ def raw_post(worker: WorkerHandle, body: dict, timeout_s: float = 120.0) -> tupl
         conn.close()
 
 
+@pytest.mark.slow
 def test_flooding_a_worker_with_max_queue_2_gets_503_with_retry_after_and_loses_nothing(small_queue_worker):
     worker = small_queue_worker
     before = worker.metrics()
@@ -152,6 +182,7 @@ def test_flooding_a_worker_with_max_queue_2_gets_503_with_retry_after_and_loses_
     assert raw_post(worker, bodies[0])[0] == 200
 
 
+@pytest.mark.slow
 def test_a_request_whose_client_went_away_is_not_decoded(small_queue_worker):
     """Two long requests keep the model busy; a third one's client hangs up while it waits: it is dropped
     without being decoded (and the long ones are still answered)."""
@@ -193,6 +224,7 @@ def impatient_worker(tiny_idefics3_dir, tmp_path_factory) -> WorkerHandle:
         yield handle
 
 
+@pytest.mark.slow
 def test_a_timed_out_request_gets_504_stops_decoding_and_frees_the_model(impatient_worker):
     """A 4096-token answer (greedy on this prompt: ~12 s here) outlives --request-timeout-s 1 while decoding: it gets
     504 and its row is cancelled mid-decode, never retried. A short request queued 0.5 s behind it (max batch size 1)
@@ -218,6 +250,7 @@ def test_a_timed_out_request_gets_504_stops_decoding_and_frees_the_model(impatie
         == queued_body["usage"]["completion_tokens"], "the cancelled row produced no answer"
 
 
+@pytest.mark.slow
 def test_a_streamed_schema_answer_that_fails_validation_ends_with_an_error_event(small_queue_worker):
     """Without the grammar a random model's JSON does not validate. A stream that ends (EOS) off the schema ends with
     an error event (the client raises it), after the text it already sent, and is not retried (--max-retries 1
@@ -297,6 +330,7 @@ def test_more_open_requests_than_max_connections_get_503_and_health_still_answer
 
 # ---------------------------------------------------------------- transport
 
+@pytest.mark.slow
 def test_content_length_larger_than_the_body_gets_408_not_a_hang(tiny_worker):
     """Why 5: the body never arrives in full; the worker answers 408 after --body-timeout-s (default 10 s)."""
     with socket.create_connection((tiny_worker.host, tiny_worker.port), timeout=60) as sock:
@@ -375,6 +409,7 @@ def test_metrics_have_prometheus_types(tiny_worker):
     assert types["deskeye_worker_batch_size"] == "histogram"
 
 
+@pytest.mark.slow
 def test_the_workers_connections_have_nagle_off_so_keep_alive_answers_do_not_wait_for_a_delayed_ack():
     """Every answer after a keep-alive connection's first used to wait ~40 ms: the listening socket was made with
     protocol 0, so asyncio (which checks for IPPROTO_TCP) left Nagle on, and the answer's second segment waited

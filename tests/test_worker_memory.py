@@ -5,6 +5,8 @@ still held after a minute idle; now about +50 MB)."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from numbers import Number
 
@@ -12,9 +14,12 @@ from benchmarks import worker_memory
 from benchmarks.worker_memory import measure
 from tests.fixtures.worker import running_worker
 
+pytestmark = [pytest.mark.model, pytest.mark.subprocess]
+
 KEPT_LIMIT_MB = 150          # measured: +50 MB now, +420 MB after three requests before
 
 
+@pytest.mark.slow
 def test_rss_returns_near_its_baseline_after_requests_with_large_images(tiny_idefics3_dir, tmp_path):
     with running_worker(["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1"],
                         tmp_path) as worker:
@@ -24,6 +29,7 @@ def test_rss_returns_near_its_baseline_after_requests_with_large_images(tiny_ide
     assert result.kept_mb < KEPT_LIMIT_MB, f"kept {result.kept_mb:+.0f} MB after {result.settle_s:g} s idle: {result}"
 
 
+@pytest.mark.slow
 def test_the_memory_benchmark_writes_its_table_and_json(tmp_path, capsys):
     out = tmp_path / "worker_memory.json"
     assert worker_memory.main(["--num-requests", "2", "--images-per-request", "2", "--size", "1280x720",

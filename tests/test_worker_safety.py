@@ -19,6 +19,8 @@ from PIL import Image
 from inference_worker.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_TOKENS_LIMIT
 from deskeye.prompt import image_data_url
 
+pytestmark = [pytest.mark.subprocess]
+
 CHAT = "/v1/chat/completions"
 
 
@@ -180,11 +182,12 @@ def test_state_file_is_private_and_names_url_and_key(tiny_worker):
     mode = stat.S_IMODE(tiny_worker.state_file.stat().st_mode)
     assert mode == 0o600
     state = json.loads(tiny_worker.state_file.read_text())
-    assert set(state) == {"url", "api_key", "pid", "model", "engine"}
+    assert set(state) == {"url", "api_key", "pid", "model", "engine", "limits"}
     assert state["url"].startswith("http://127.0.0.1:") and state["pid"] == tiny_worker.proc.pid
     assert state["engine"] == "transformers" and len(state["api_key"]) >= 32
 
 
+@pytest.mark.slow
 def test_bad_requests_are_counted_by_status_code(tiny_worker):
     tiny_worker.request("GET", "/v1/models", auth=False)
     metrics = tiny_worker.metrics()

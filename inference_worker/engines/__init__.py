@@ -6,7 +6,9 @@
 - "auto": openvino when the model is an OpenVINO IR folder (no GPU needed); else transformers when a model is
   given, falling back to OCR (with a warning) when it cannot load;
   OCR when no model is given.
-`ground_with_ocr` wraps a model engine so each prompt also carries the OCR text of its images.
+`ground_with_ocr` wraps a model engine so each prompt also carries the OCR text of its images. The names are
+config.ENGINES; `LOADERS` maps each to its loader. Every engine is built from one `EngineOptions`, made from the
+worker's config in one place (`EngineOptions.from_config`, options.py).
 
 Which loader and which engine a model folder gets is decided in one place, `FAMILIES` (first match on the folder's
 config.json wins). Entries name their functions as "module:attribute" and are imported only when chosen, so
@@ -21,38 +23,16 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from inference_worker.config import DEFAULT_MAX_IMAGE_PIXELS
+from inference_worker.engines.options import EngineOptions, ImageLimits
 from inference_worker.errors import one_line
 
 if TYPE_CHECKING:
     from inference_worker.config import WorkerConfig
     from inference_worker.engines.base import Engine
 
-log = logging.getLogger("deskeye.worker")
+__all__ = ["FAMILIES", "EngineOptions", "Family", "ImageLimits", "family_for", "load_engine", "load_hf_engine"]
 
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How a Hugging Face model is loaded and served (from WorkerConfig, or a test)."""
-    device: str = "auto"
-    dtype: str = "auto"
-    use_grammar: bool = True
-    num_threads: int | None = None
-    kv_cache_bytes: int = 0                       # frame KV (or vision features) budget; counted in the VRAM check
-    kv_similar_threshold: float | None = None     # None: the similar level is off
-    prepare_processes: int = 0                    # processes running the processor (0: the preprocessing threads)
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS   # the worker's --max-image-pixels, which those processes apply
-    max_prompt_tokens: int = 0                    # the worker's --max-prompt-tokens (0 = the model's context)
-
-    def __post_init__(self):
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be at least 1 (or None for torch's default); got {self.num_threads}.")
-        if self.kv_cache_bytes < 0:
-            raise ValueError(f"kv_cache_bytes must be >= 0 (0 = off); got {self.kv_cache_bytes}.")
-        if self.prepare_processes < 0:
-            raise ValueError(f"prepare_processes must be >= 0 (0 = threads); got {self.prepare_processes}.")
-        if self.max_prompt_tokens < 0:
-            raise ValueError(f"max_prompt_tokens must be >= 0 (0 = the context); got {self.max_prompt_tokens}.")
+log = logging.getLogger("inference_worker")
 
 
 @dataclass(frozen=True)
@@ -73,7 +53,7 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("minicpmo", ("minicpmo",), "inference_worker.engines.hf.minicpmo:load_minicpmo_parts",
+    Family("minicpmo", ("minicpmo",), "inference_worker.engines.hf.minicpmo_loading:load_minicpmo_parts",
            "inference_worker.engines.hf.minicpmo:make_engine", claims_remote_code="MiniCPMO"),
     Family("minicpmv4_6", ("minicpmv4_6", "minicpmv4_7"), "inference_worker.engines.hf.minicpmv:load_minicpmv_parts",
            "inference_worker.engines.hf.engine:make_engine"),
@@ -112,27 +92,30 @@ def _no_progress(message: str) -> None:
 
 
 def load_engine(config: "WorkerConfig", progress: Callable[[str], None] = _no_progress) -> "Engine":
-    engine = _load_base(config, progress)
+    """The engine `config.engine` names (one of config.ENGINES), built with the options made from `config`."""
+    options = EngineOptions.from_config(config)
+    engine = LOADERS[config.engine](config.model, options, progress)
     if config.ground_with_ocr and engine.kind != "ocr":
         from inference_worker.engines.ocr.grounding import with_ocr_grounding
         progress("loading OCR for grounding")
-        engine = with_ocr_grounding(engine)
+        engine = with_ocr_grounding(engine, options)
     return engine
 
 
-def _load_base(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engine":
-    if config.engine == "openvino" or (config.engine == "auto" and _is_ir_folder(config.model)):
-        return _load_openvino(config, progress)
-    if not config.wants_transformers:
-        return _load_ocr(progress)
-    if config.engine == "transformers":
-        return _load_transformers(config, progress)
+Loader = Callable[[str, EngineOptions, Callable[[str], None]], "Engine"]   # (model, options, progress) -> Engine
+
+
+def _load_auto(model: str, options: EngineOptions, progress: Callable[[str], None]) -> "Engine":
+    """OpenVINO for an IR folder, else transformers for a model (OCR, loudly, when it cannot load), else OCR."""
+    if _is_ir_folder(model):
+        return _load_openvino(model, options, progress)
+    if not model:
+        return _load_ocr(model, options, progress)
     try:
-        return _load_transformers(config, progress)
+        return _load_transformers(model, options, progress)
     except Exception as exc:  # noqa: BLE001 - "auto" falls back to OCR, loudly
-        reason = one_line(exc)
-        log.warning("cannot load model %r (%s); --engine auto falls back to the OCR engine", config.model, reason)
-        return _load_ocr(progress)
+        log.warning("cannot load model %r (%s); --engine auto falls back to the OCR engine", model, one_line(exc))
+        return _load_ocr(model, options, progress)
 
 
 def _is_ir_folder(model: str) -> bool:
@@ -140,25 +123,23 @@ def _is_ir_folder(model: str) -> bool:
     return bool(model) and is_ir_folder(model)
 
 
-def _load_openvino(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engine":
+def _load_openvino(model: str, options: EngineOptions, progress: Callable[[str], None]) -> "Engine":
     from inference_worker.engines.openvino.engine import load_openvino_engine
-    progress(f"compiling {config.model} with OpenVINO")
-    return load_openvino_engine(config.model, use_grammar=config.use_grammar, num_threads=config.num_threads,
-                                cache_dir=config.cache_dir, vision_cache_bytes=config.kv_cache_bytes,
-                                max_prompt_tokens=config.max_prompt_tokens)
+    progress(f"compiling {model} with OpenVINO")
+    return load_openvino_engine(model, options)
 
 
-def _load_ocr(progress: Callable[[str], None]) -> "Engine":
+def _load_ocr(model: str, options: EngineOptions, progress: Callable[[str], None]) -> "Engine":
     from inference_worker.engines.ocr.engine import OcrEngine
     progress("loading OCR engine")
-    return OcrEngine()
+    return OcrEngine(options=options)
 
 
-def _load_transformers(config: "WorkerConfig", progress: Callable[[str], None]) -> "Engine":
-    progress(f"loading {config.model}")
-    options = EngineOptions(device=config.device, dtype=config.dtype, use_grammar=config.use_grammar,
-                            num_threads=config.num_threads or None, kv_cache_bytes=config.kv_cache_bytes,
-                            kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None,
-                            prepare_processes=config.prepare_processes, max_image_pixels=config.max_image_pixels,
-                            max_prompt_tokens=config.max_prompt_tokens)
-    return load_hf_engine(config.model, options, progress=sys.stderr.isatty())   # a tqdm bar for people only
+def _load_transformers(model: str, options: EngineOptions, progress: Callable[[str], None]) -> "Engine":
+    progress(f"loading {model}")
+    return load_hf_engine(model, options, progress=sys.stderr.isatty())   # a tqdm bar for people only
+
+
+#: config.ENGINES name -> its loader (tests/test_engine_layout.py checks that every name has one)
+LOADERS: dict[str, Loader] = {"auto": _load_auto, "ocr": _load_ocr, "transformers": _load_transformers,
+                              "openvino": _load_openvino}

@@ -27,7 +27,7 @@ from inference_worker.errors import ProtocolError, TooManyConnectionsError
 from inference_worker.server.auth import is_authorized
 from inference_worker.server.routes import AUTHORIZED_KEY, BODY_KEY, register_routes
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
 KNOWN_ROUTES = ("/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json")
 UNGATED_ROUTES = ("/health",)      # no key needed: the supervisor's probe

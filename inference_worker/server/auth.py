@@ -1,8 +1,12 @@
 """The worker's bearer key and the state file that tells the app (only the same user) where to find it.
 
 The key is given (--api-key) or generated per launch. The state file holds
-`{"url", "api_key", "pid", "model", "engine"}`; it is created with mode 0600 in a 0700 folder, replaced
-atomically (a reader never sees half a file; a failed write leaves no temporary file) and removed on clean exit.
+`{"url", "api_key", "pid", "model", "engine", "limits"}`, where `limits` are the request limits the worker
+enforces, as integers: `max_image_pixels`, `max_request_pixels`, `max_images`, `max_tokens_limit`,
+`max_prompt_tokens` (the loaded model's effective limit; the flag's value, 0 = the model's context, until the
+model is loaded) and `max_body_bytes` (lifetime.published_limits). It is written when the worker listens and again
+once the engine is ready, created with mode 0600 in a 0700 folder, replaced atomically (a reader never sees half a
+file; a failed write leaves no temporary file) and removed on clean exit.
 A folder other users can write is refused: they could replace the file and point the app at their server.
 A file left by a killed worker does not block a new one, even when its pid now belongs to another process:
 the owner counts as alive only if a process with that pid exists and started before the file was written.

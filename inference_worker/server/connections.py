@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from typing import Any
 
 import h11
@@ -30,9 +32,10 @@ import h11
 from inference_worker.errors import ProtocolError
 from inference_worker.server.h11_errors import JsonErrorH11Protocol
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
 IDLE_TOTAL_FACTOR = 4           # idle connections of all clients together, in multiples of the per-client cap
+MAX_UNREAD_READS = 8            # 64 KiB reads of bytes the loop has not taken yet, before closing a connection
 
 
 class IdleConnections:
@@ -122,11 +125,31 @@ class GuardedH11Protocol(JsonErrorH11Protocol):
         self._cancel_head_deadline()
         if self.transport.is_closing():
             return
-        if self.conn.trailing_data[0]:
+        unread = self._take_unread_bytes()
+        if self.conn.trailing_data[0] or unread:
             self.send_error_and_close(error)
         else:
             self.conn.send(h11.ConnectionClosed())
             self.transport.close()
+
+    def _take_unread_bytes(self) -> bytes:
+        """Bytes the kernel holds for this connection that the loop has not read yet, read now. A busy loop accepts
+        connections in a burst and may close one before its first read; closing a socket with unread bytes sends
+        a reset instead of a close, and the client's kernel then throws our 503 away."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return b""
+        unread = b""
+        with socket.socket(fileno=os.dup(sock.fileno())) as dup:
+            for _ in range(MAX_UNREAD_READS):
+                try:
+                    chunk = dup.recv(65536, socket.MSG_DONTWAIT)
+                except OSError:                  # nothing more waiting (BlockingIOError), or the peer is gone
+                    break
+                if not chunk:
+                    break
+                unread += chunk
+        return unread
 
     def _is_idle(self) -> bool:
         return (self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE

@@ -30,9 +30,10 @@ from inference_worker.engines.base import Engine
 from inference_worker.errors import CancelledError, ProtocolError, ServiceError
 from inference_worker.metrics import METRICS_CONTENT_TYPE, WorkerMetrics
 from inference_worker.protocol import (ChatCompletion, ChatCompletionRequest, ChatRequest, Completion, ErrorBody,
-                                       Health, ModelList, RequestLimits, completion_body, parse_chat_json)
+                                       Health, ModelCard, ModelList, RequestLimits, completion_body, parse_chat_json)
+from inference_worker.schemas import check_schema
+from inference_worker.server.streaming import stream_answer
 from inference_worker.serving.service import Job, ModelService, timeout_error
-from inference_worker.serving.validation import check_schema
 
 MODEL_ALIAS = "deskeye"
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -64,13 +65,13 @@ class Routes:
             status, details = 503, {"error": service.load_error}
         else:
             status, details = 503, {"progress": service.progress}
-        return status, {"status": service.state, **(details if authorized else {})}
+        body = Health(status=service.state, **(details if authorized else {}))
+        return status, body.model_dump(mode="json")
 
     def models(self) -> tuple[int, dict[str, Any]]:
-        engine = self.ready_engine()
-        return 200, {"object": "list", "data": [{
-            "id": engine.model_name, "object": "model", "created": self.created_s, "owned_by": "deskeye",
-        }]}
+        card = ModelCard(id=self.ready_engine().model_name, object="model", created=self.created_s,
+                         owned_by="deskeye")
+        return 200, ModelList(object="list", data=[card]).model_dump(mode="json")
 
     def metrics_text(self) -> tuple[int, str]:
         return 200, self.metrics.render()
@@ -133,10 +134,8 @@ async def wait_for_disconnect(http: Request) -> None:
 
 
 def register_routes(app: FastAPI, routes: Routes) -> None:
-    from inference_worker.server.streaming import stream_answer
-
     @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Readiness probe")
-    def health(http: Request) -> Response:
+    async def health(http: Request) -> Response:          # never blocks: no hop to a pool thread per probe
         status, body = routes.health(bool(http.scope.get(AUTHORIZED_KEY)))
         return JSONResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
 
@@ -157,7 +156,9 @@ def register_routes(app: FastAPI, routes: Routes) -> None:
     async def chat_completions(http: Request) -> Response:
         request = await run_in_threadpool(routes.parse, http.scope.get(BODY_KEY, b""))
         if request.stream:
-            return await stream_answer(routes, request, http)
+            return await stream_answer(routes.service, routes.metrics, request,
+                                       model=routes.ready_engine().model_name,
+                                       timeout_s=routes.config.request_timeout_s)
         return JSONResponse(await routes.complete(request, http), headers={"Cache-Control": "no-store"})
 
     app.openapi = lambda: openapi_with_request_body(app, "/v1/chat/completions", ChatCompletionRequest)

@@ -16,26 +16,29 @@ import json
 import time
 import uuid
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from inference_worker.errors import CancelledError, ProtocolError, ServiceError
-from inference_worker.protocol import ChatRequest, Completion, chunk_body, usage_body
-from inference_worker.serving.service import timeout_error
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.protocol import ChatRequest, ChunkDelta, Completion, DeskEyeFacts, chunk_body, usage_of
+from inference_worker.serving.service import Job, ModelService, timeout_error
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
-async def stream_answer(routes, request: ChatRequest, http: Request) -> StreamingResponse:
-    """Accept the request, wait until it is prepared (errors so far are plain HTTP errors), then stream."""
+async def stream_answer(service: ModelService, metrics: WorkerMetrics, request: ChatRequest, *, model: str,
+                        timeout_s: float) -> StreamingResponse:
+    """Accept the request, wait until it is prepared (errors so far are plain HTTP errors), then stream. `model`
+    names the served model in every chunk; `timeout_s` (--request-timeout-s) bounds the whole answer."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     queued, answered = asyncio.Event(), asyncio.Event()
     put = lambda item: loop.call_soon_threadsafe(events.put_nowait, item)  # noqa: E731 - from the model thread
-    job = routes.service.submit_job(request, on_text=lambda text: put(("text", text)),
-                                    on_queued=lambda: loop.call_soon_threadsafe(queued.set))
+    job = service.submit_job(request, on_text=lambda text: put(("text", text)),
+                             on_queued=lambda: loop.call_soon_threadsafe(queued.set))
 
     def settled(future: Future) -> None:
         """On the thread that settles the job. An event, not asyncio.wrap_future: a wrapped future nobody awaits
@@ -45,21 +48,20 @@ async def stream_answer(routes, request: ChatRequest, http: Request) -> Streamin
         loop.call_soon_threadsafe(answered.set)
 
     job.future.add_done_callback(settled)
-    deadline_s = time.monotonic() + routes.config.request_timeout_s
+    deadline_s = time.monotonic() + timeout_s
     waits = {asyncio.ensure_future(queued.wait()), asyncio.ensure_future(answered.wait())}
     try:
-        await asyncio.wait(waits, timeout=routes.config.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for waiter in waits:
             waiter.cancel()
     if not queued.is_set():
         if not answered.is_set():
-            routes.service.cancel(job, "not prepared in time")
-            raise timeout_error(routes.config.request_timeout_s)
+            service.cancel(job, "not prepared in time")
+            raise timeout_error(timeout_s)
         _raise_outcome(job.future)          # an error before the stream started: a plain HTTP error
-    model = routes.ready_engine().model_name
-    stream = _events(routes, job, events, deadline_s, _Ids(model), request.include_usage)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    stream = _Stream(service, metrics, job, events, _Ids(model), deadline_s, timeout_s, request.include_usage)
+    return StreamingResponse(_events(stream), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 class _Ids:
@@ -68,29 +70,42 @@ class _Ids:
         self.model = model
         self.created = int(time.time())
 
-    def chunk(self, delta: dict[str, Any] | None, **fields: Any) -> str:
+    def chunk(self, delta: ChunkDelta | None, **fields: Any) -> str:
         return sse(chunk_body(request_id=self.request_id, model=self.model, created=self.created, delta=delta,
                               **fields))
 
 
-async def _events(routes, job, events: asyncio.Queue, deadline_s: float, ids: _Ids,
-                  include_usage: bool) -> AsyncIterator[str]:
-    metrics = routes.metrics
+@dataclass(frozen=True)
+class _Stream:
+    """One streamed answer: its job, the events the model thread hands over, and its deadline."""
+    service: ModelService
+    metrics: WorkerMetrics
+    job: Job
+    events: asyncio.Queue
+    ids: _Ids
+    deadline_s: float
+    timeout_s: float
+    include_usage: bool
+
+
+async def _events(stream: _Stream) -> AsyncIterator[str]:
+    ids, job = stream.ids, stream.job
     sent = ""
     outcome = "cancelled"
     try:
-        yield ids.chunk({"role": "assistant", "content": ""})
+        yield ids.chunk(ChunkDelta(role="assistant", content=""))
         while True:
             try:
-                kind, value = await asyncio.wait_for(events.get(), max(0.0, deadline_s - time.monotonic()))
+                kind, value = await asyncio.wait_for(stream.events.get(),
+                                                     max(0.0, stream.deadline_s - time.monotonic()))
             except asyncio.TimeoutError:
-                routes.service.cancel(job, "no answer in time")
+                stream.service.cancel(job, "no answer in time")
                 outcome = "error"
-                yield sse(timeout_error(routes.config.request_timeout_s).to_body())
+                yield sse(timeout_error(stream.timeout_s).to_body())
                 return
             if kind == "text":
                 sent += value
-                yield ids.chunk({"content": value})
+                yield ids.chunk(ChunkDelta(content=value))
                 continue
             try:
                 completion = _raise_outcome(value)
@@ -101,16 +116,15 @@ async def _events(routes, job, events: asyncio.Queue, deadline_s: float, ids: _I
             break
         rest = completion.text[len(sent):] if completion.text.startswith(sent) else ""
         if rest:                             # an engine that does not stream hands over its text at the end
-            yield ids.chunk({"content": rest})
-        yield ids.chunk({}, finish_reason=completion.finish_reason, extra={"retries": completion.retries,
-                                                                           **completion.extra})
-        if include_usage:
-            yield ids.chunk(None, usage=usage_body(completion))
+            yield ids.chunk(ChunkDelta(content=rest))
+        yield ids.chunk(ChunkDelta(), finish_reason=completion.finish_reason, deskeye=DeskEyeFacts.of(completion))
+        if stream.include_usage:
+            yield ids.chunk(None, usage=usage_of(completion))
         yield "data: [DONE]\n\n"
         outcome = "ok"
     finally:                                 # also when the client closed the stream (the task is cancelled)
-        routes.service.cancel(job, "the client closed the stream")
-        metrics.streams.labels(outcome=outcome).inc()
+        stream.service.cancel(job, "the client closed the stream")
+        stream.metrics.streams.labels(outcome=outcome).inc()
 
 
 def _raise_outcome(future: Future) -> Completion:

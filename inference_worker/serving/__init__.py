@@ -1,1 +1,1 @@
-"""Between HTTP and the engine: the model service (one model thread), its batch scheduler, request validation and image decoding."""
+"""Between HTTP and the engine: the model service (one model thread) and its batch scheduler."""

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
 Clock = Callable[[], float]
 LEVELS = ("low", "mid", "high")
@@ -234,13 +234,18 @@ class BatchQueue:
             self._entries.appendleft(entry) if front else self._entries.append(entry)
             self._cond.notify_all()
 
-    def take(self, window_s: Callable[[], float], stop: threading.Event, poll_s: float = 0.2,
+    def take(self, window_s: Callable[[], float], stop: threading.Event, poll_s: float | None = None,
              expected_size: Callable[[], int] | None = None) -> Batch | None:
         """The next batch: waits for an item, then until the oldest item has waited `window_s()` or the batch is
         full: `max_batch_size` items, or `expected_size()` when that is smaller (every request the caller knows
-        of is here: waiting longer would only delay them). None once `stop` is set (noticed within `poll_s`);
-        queued items then stay for `drain()`. `window_s` is called once per batch, without the queue's lock
-        held (it may read NVML); `expected_size` while it is held, so it must be quick and lock-free of us."""
+        of is here: waiting longer would only delay them). None once `stop` is set; queued items then stay for
+        `drain()`. `window_s` is called once per batch, without the queue's lock held (it may read NVML);
+        `expected_size` while it is held, so it must be quick and lock-free of us.
+
+        The wait is event-driven: it sleeps until a `put`, the window's end, or `wake()`, so whoever sets `stop`
+        calls `wake()` next (an idle worker's model thread then never wakes at all). `poll_s` also looks again
+        every `poll_s` seconds: for a `stop` set by someone who does not call `wake()`, or a clock that is not
+        the real one (tests)."""
         while self._wait(lambda: bool(self._entries), stop, poll_s):
             window = max(0.0, float(window_s()))
             with self._cond:
@@ -250,6 +255,11 @@ class BatchQueue:
                 if self._wait(lambda: self._is_batch_ready(deadline_s, expected_size), stop, poll_s, deadline_s):
                     return self._pop_batch(window)
         return None
+
+    def wake(self) -> None:
+        """Wake a waiting `take` so it looks at its `stop` event again (set that first). Any thread."""
+        with self._cond:
+            self._cond.notify_all()
 
     def take_ready(self, max_items: int) -> Batch:
         """Up to `max_items` queued items at once, without waiting (rows joining a running decode: the window
@@ -268,15 +278,18 @@ class BatchQueue:
             self._entries.clear()
             return items
 
-    def _wait(self, is_done: Callable[[], bool], stop: threading.Event, poll_s: float,
+    def _wait(self, is_done: Callable[[], bool], stop: threading.Event, poll_s: float | None,
               deadline_s: float | None = None) -> bool:
-        """Wait until `is_done()`; False if `stop` was set first."""
+        """Wait until `is_done()`; False if `stop` was set first. Sleeps until notified, `deadline_s` or
+        `poll_s`, whichever comes first (no timeout at all when both are None)."""
         with self._cond:
             while not is_done():
                 if stop.is_set():
                     return False
-                timeout_s = poll_s if deadline_s is None else min(poll_s, max(0.0, deadline_s - self._clock()))
-                self._cond.wait(timeout_s)
+                timeouts_s = [] if poll_s is None else [poll_s]
+                if deadline_s is not None:
+                    timeouts_s.append(max(0.0, deadline_s - self._clock()))
+                self._cond.wait(min(timeouts_s, default=None))
             return not stop.is_set()
 
     def _is_batch_ready(self, deadline_s: float, expected_size: Callable[[], int] | None) -> bool:

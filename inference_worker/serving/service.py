@@ -1,25 +1,24 @@
 """The model thread and what feeds it.
 
-HTTP threads `submit` requests. A small pool prepares each one off the model thread (decodes its images, runs
-the engine's `prepare`: template, processor, cache keys) and queues it. The one model thread ("deskeye-model")
-loads the engine, then takes batches from the queue after the load-adaptive wait window (scheduler.py) and
-runs them; as each row ends its answer is validated against the request's JSON schema and either answered or
-queued again, first in line, as a retry. Loading on this thread keeps all CUDA state on it, so `after_call`
-(torch.cuda.empty_cache) runs where it must.
+HTTP threads `submit` requests. A small pool prepares each one off the model thread (its images' headers checked
+against the image limits, then the engine's `prepare`: images, template, processor, cache keys) and queues it. The
+one model thread ("deskeye-model") loads the engine, then takes batches from the queue after the load-adaptive wait
+window (scheduler.py) and runs them; as each row ends its answer is validated against the request's JSON schema and
+either answered or queued again, first in line, as a retry (retry.py). Loading on this thread keeps all CUDA state
+on it, so `after_call` (torch.cuda.empty_cache) runs where it must.
 
-Back-pressure and cancellation: at most `max_queue` accepted requests wait for the model (preparing or queued);
-one more is refused at once (QueueFullError: 503 + Retry-After), so an accepted request is never dropped. A
-request whose client went away or timed out is cancelled (`cancel`): its `Prepared.cancelled` event is set, so
-it is dropped if it has not started decoding and the engine ends its row at the next step if it has; a
-cancelled row is never retried. Its images stop decoding before the next one (serving/images.py bounds the work
-of each, and of all of a request's together, from their headers). A settled request lets go of its decoded
-images at once, and after a batch that followed enough decoded pixels the heap's free pages go back to the OS. A streamed request (`on_text`) gets text as the engine produces it and is never
+Back-pressure and cancellation: at most `max_queue` accepted requests wait for the model (preparing or queued); one
+more is refused at once (QueueFullError: 503 + Retry-After), so an accepted request is never dropped. A request
+whose client went away or timed out is cancelled (`cancel`): its `Prepared.cancelled` event is set, so it is dropped
+if it has not started decoding and the engine ends its row at the next step if it has; a cancelled row is never
+retried. Its images stop decoding before the next one (images.py bounds the work of each, and of all of a request's
+together, from their headers). A settled request lets go of its decoded images at once, and their freed pages go
+back to the OS (heap_trim.py). A streamed request (`on_text`) gets text as the engine produces it and is never
 retried once text was sent: a schema failure ends its stream with the error instead.
 
-The seam with a continuously decoding engine: `run_batch(items, on_done, take_more)`. Between decode steps the
-engine calls `take_more(num_live)`; the service hands it, without waiting, up to `max_batch_size - num_live`
-queued requests (retries first), which join the running decode; their `on_done` indices continue after the
-batch's. The load-adaptive window applies only to a batch that starts from idle.
+The seam with a continuously decoding engine: `run_batch(items, on_done, take_more)`. Between steps
+`take_more(num_live)` hands it at once up to `max_batch_size - num_live` queued requests (retries first) to join the
+decode, `on_done` indices continuing after the batch's. The window applies only to a batch that starts from idle.
 """
 
 from __future__ import annotations
@@ -29,58 +28,40 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from inference_worker.config import WorkerConfig
-from inference_worker.serving.validation import output_problem, retry_request
-from inference_worker.engines.base import Engine, EngineStats, Prepared
-from inference_worker.serving.images import (TRIM_AFTER_PIXELS, check_request_images, decode_request_images,
-                                             release_freed_memory)
-from inference_worker.metrics import WorkerMetrics
+from inference_worker.engines.base import Engine, Prepared
 from inference_worker.errors import CancelledError, ProtocolError, QueueFullError, ServiceError, one_line
+from inference_worker.images import check_request_images
+from inference_worker.metrics import WorkerMetrics
 from inference_worker.protocol import ChatRequest, Completion
+from inference_worker.schemas import output_problem
+from inference_worker.serving.engine_metrics import count_completion, record_decode_stats, record_engine_stats
+from inference_worker.serving.heap_trim import HeapTrim
+from inference_worker.serving.job import Job, TextCallback, timeout_error
+from inference_worker.serving.retry import retry_request
 from inference_worker.serving.scheduler import BatchQueue, GpuUtilization, LoadSignals, WindowConfig, WindowPolicy
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
-POLL_INTERVAL_S = 0.2
 Loader = Callable[[Callable[[str], None]], Engine]   # (progress callback) -> Engine
 
-
-__all__ = ["Job", "ModelService", "ServiceError"]   # ServiceError lives in errors.py; re-exported here
-
-TextCallback = Callable[[str], None]
-
-
-@dataclass
-class Job:
-    request: ChatRequest
-    future: Future = field(default_factory=Future)
-    arrived_s: float = field(default_factory=time.monotonic)
-    prepared: Prepared | None = None
-    retries: int = 0
-    queue_wait_s: float = 0.0
-    #: the one cancellation event of this request; `prepared.cancelled` is this same event
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    #: called on the model thread with each piece of text as it is generated (streamed requests)
-    on_text: TextCallback | None = None
-    #: called once the request is prepared and queued (a streamed response then starts; errors before it are
-    #: plain HTTP errors)
-    on_queued: Callable[[], None] | None = None
-    num_text_chars: int = 0               # text handed to on_text so far
-    is_waiting: bool = True               # counted against max_queue: accepted, not yet decoding
+__all__ = ["Job", "ModelService", "ServiceError", "timeout_error"]   # re-exported: job.py, errors.py
 
 
 class ModelService:
     """Owns the engine. States: loading -> ready -> stopped, or loading -> failed."""
 
     def __init__(self, load: Loader, config: WorkerConfig, *, metrics: WorkerMetrics,
-                 on_ready: Callable[[Engine], None] = lambda engine: None, gpu: GpuUtilization | None = None):
-        """`gpu` (tests) replaces the NVML reading the service sets up for a model on CUDA."""
+                 on_ready: Callable[[Engine], None] = lambda engine: None,
+                 on_failed: Callable[[str], None] = lambda error: None, gpu: GpuUtilization | None = None):
+        """`on_ready(engine)` and `on_failed(load_error)` run on the model thread once the load ends, after
+        `state` says so. `gpu` (tests) replaces the NVML reading the service sets up for a model on CUDA."""
         self._load = load
         self._config = config
         self._on_ready = on_ready
+        self._on_failed = on_failed
         self._metrics = metrics
         window = WindowConfig.from_worker_config(config)
         self._signals = LoadSignals(window.horizon_s)
@@ -91,8 +72,7 @@ class ModelService:
         self._thread = threading.Thread(target=self._run, name="deskeye-model", daemon=True)
         self._waiting_lock = threading.Lock()
         self._num_waiting = 0
-        self._pixels_lock = threading.Lock()
-        self._pixels_since_trim = 0       # decoded here since the heap was last trimmed
+        self._heap_trim = HeapTrim()      # decoded pixels, and when to hand their freed pages back
         self.engine: Engine | None = None
         self.state = "loading"
         self.progress = "starting"
@@ -155,6 +135,7 @@ class ModelService:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._queue.wake()                     # the model thread sleeps in take() until told
         self._pool.shutdown(wait=False)        # queued preparations still run and answer "shutting down"
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
@@ -170,8 +151,9 @@ class ModelService:
             self._settle(job, ServiceError("The worker is shutting down.", status=503, code="shutting_down"))
             return
         try:
-            images = self._decode_images(job)
-            job.prepared = self._with_callbacks(self.engine.prepare(job.request, images), job)
+            config = self._config        # the image limits, from the headers alone, whatever the engine does next
+            check_request_images(job.request, config.max_image_pixels, config.max_request_pixels)
+            job.prepared = self._with_callbacks(self.engine.prepare(job.request, job.cancelled), job)
         except CancelledError:                # cancelled while its images were decoded: nobody waits for it
             return
         except ProtocolError as exc:
@@ -182,25 +164,12 @@ class ModelService:
             self._settle(job, ServiceError(f"Could not prepare this request: {_one_line(exc)}", status=500,
                                            code="engine_error"))
             return
+        self._heap_trim.count(job.prepared.images)
+        if job.cancelled.is_set():            # cancelled while it was prepared: nobody waits for it
+            return
         self._enqueue(job)
         if job.on_queued is not None:
             job.on_queued()
-
-    def _decode_images(self, job: Job) -> list | None:
-        """The request's images, decoded here once every header passed the image limits (pixels per image and
-        per request, JPEG scans, frames); None for an engine that decodes them itself (its processes), whose
-        limits are checked here all the same. Stops between two images once the request is cancelled."""
-        config = self._config
-        if self.engine.decodes_images:
-            check_request_images(job.request, config.max_image_pixels, config.max_request_pixels)
-            return None
-        images = decode_request_images(job.request, config.max_image_pixels,
-                                       max_request_pixels=config.max_request_pixels, cancelled=job.cancelled)
-        with self._pixels_lock:
-            self._pixels_since_trim += sum(image.width * image.height for image in images)
-        if job.cancelled.is_set():
-            raise CancelledError("the client went away or timed out while its images were decoded")
-        return images
 
     def _with_callbacks(self, prepared: Prepared, job: Job) -> Prepared:
         """The job's cancellation event and text callback on its Prepared (a retry's replace keeps both)."""
@@ -232,7 +201,7 @@ class ModelService:
             if not self._load_engine():
                 return
             while not self._stop.is_set():
-                batch = self._queue.take(self._window_s, self._stop, POLL_INTERVAL_S,
+                batch = self._queue.take(self._window_s, self._stop,       # sleeps until a put or stop()
                                          expected_size=self._signals.recent_peak_in_flight)
                 if batch is not None:
                     self._run_batch(batch)
@@ -247,11 +216,11 @@ class ModelService:
             log.debug("engine load failed", exc_info=True)
             self.load_error = _one_line(exc)
             self.state = "failed"
+            self._on_failed(self.load_error)
             return False
         max_batch_size = self._config.max_batch_size if self.engine.can_batch else 1
-        device = self.engine.device
-        if self._window.gpu is None and getattr(device, "type", "") == "cuda":
-            self._window.gpu = GpuUtilization(device.index or 0)
+        if self._window.gpu is None and getattr(self.engine.device, "type", "") == "cuda":
+            self._window.gpu = GpuUtilization(self.engine.device.index or 0)
         self._queue = BatchQueue(max_batch_size)
         self._on_ready(self.engine)
         self.state = "ready" if not self._stop.is_set() else "stopped"
@@ -284,7 +253,7 @@ class ModelService:
             self._engine_failed(jobs, exc)
         finally:
             self._after_call()
-            self._release_freed_memory()
+            self._heap_trim.after_batch()        # the batch's images are freed by now (`_settle`)
             self._metrics.model_time.count()
             self._metrics.batch_size.observe(len(jobs))      # the model call's requests, joiners included; last
             self._signals.batch_finished(time.monotonic() - started_s)
@@ -301,7 +270,7 @@ class ModelService:
     def _take_more(self, jobs: list[Job], num_live: int) -> list[Prepared]:
         """Between decode steps (model thread): queued requests to join the running decode, without waiting;
         they are appended to `jobs`, so their indices follow. Also refreshes the decode metrics."""
-        self._update_decode_metrics()
+        record_decode_stats(self._metrics, self.engine.stats())
         self._metrics.model_time.count()
         room = self._queue.max_batch_size - num_live
         if room <= 0 or self._stop.is_set() or not len(self._queue):
@@ -343,7 +312,7 @@ class ModelService:
         if isinstance(outcome, Exception):
             self._engine_failed([job], outcome)
             return
-        self._count_completion(outcome)
+        count_completion(self._metrics, outcome)
         schema = job.request.json_schema
         problem = output_problem(outcome, schema) if schema is not None else None
         if problem is None:
@@ -367,9 +336,10 @@ class ModelService:
 
     def _answer(self, job: Job, completion: Completion) -> None:
         completion.retries = job.retries
-        timing = {**completion.extra.get("timing", {}), "queue_ms": round(job.queue_wait_s * 1000, 3),
-                  "total_ms": round((time.monotonic() - job.arrived_s) * 1000, 3)}
-        completion.extra = {**completion.extra, "engine": self.engine.kind, "timing": timing}
+        facts = completion.facts
+        facts.engine = self.engine.kind
+        facts.timing.queue_ms = round(job.queue_wait_s * 1000, 3)
+        facts.timing.total_ms = round((time.monotonic() - job.arrived_s) * 1000, 3)
         self._settle(job, completion)
 
     def _settle(self, job: Job, outcome: Completion | Exception) -> None:
@@ -396,16 +366,8 @@ class ModelService:
             if not job.future.done():
                 self._settle(job, error)
 
-    def _count_completion(self, completion: Completion) -> None:
-        self._metrics.engine_calls.labels(outcome="ok").inc()
-        self._metrics.prompt_tokens.inc(completion.prompt_tokens)
-        self._metrics.completion_tokens.inc(completion.completion_tokens)
-        kv_cache = completion.extra.get("kv_cache")
-        if kv_cache in ("exact", "similar", "miss"):
-            self._metrics.kv_lookups.labels(result=kv_cache).inc()
-
     def _after_call(self) -> None:
-        self._update_cache_metrics()
+        record_engine_stats(self._metrics, self.engine.stats())
         try:
             self.engine.after_call()
         except Exception:  # noqa: BLE001 - hygiene failing must not fail the answer
@@ -413,28 +375,6 @@ class ModelService:
             return
         self._metrics.cache_releases.inc()
         self._metrics.advance_to(self._metrics.cuda_empty_cache, self.engine.stats().num_cuda_empty_cache_calls)
-
-    def _release_freed_memory(self) -> None:
-        """After a batch, once enough pixels were decoded since the last time: hand the C heap's free pages back
-        to the OS. The batch's images are freed by now (`_settle`); without this their pages stay in the RSS."""
-        with self._pixels_lock:
-            if self._pixels_since_trim < TRIM_AFTER_PIXELS:
-                return
-            self._pixels_since_trim = 0
-        release_freed_memory()
-
-    def _update_cache_metrics(self) -> None:
-        stats = self.engine.stats()
-        self._metrics.kv_bytes.set(stats.kv_bytes)
-        self._metrics.kv_entries.set(stats.kv_entries)
-        self._metrics.advance_to(self._metrics.kv_evictions, stats.kv_evictions)
-        self._update_decode_metrics(stats)
-
-    def _update_decode_metrics(self, stats: EngineStats | None = None) -> None:
-        stats = stats or self.engine.stats()
-        self._metrics.live_rows.set(stats.live_rows)
-        self._metrics.advance_to(self._metrics.decode_steps, stats.num_decode_steps)
-        self._metrics.advance_to(self._metrics.decode_row_steps, stats.num_row_steps)
 
     def _count_invalid(self, problem: str) -> None:
         self._metrics.invalid_outputs.inc()
@@ -454,11 +394,6 @@ class ModelService:
                 self.engine.close()
             except Exception:  # noqa: BLE001
                 log.warning("engine.close failed", exc_info=True)
-
-
-def timeout_error(timeout_s: float) -> ServiceError:
-    return ServiceError(f"The model did not answer within {timeout_s:g} s (--request-timeout-s); it is busy or "
-                        "the request is too large.", status=504, code="timeout")
 
 
 def _one_line(exc: BaseException) -> str:

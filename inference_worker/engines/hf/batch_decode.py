@@ -1,25 +1,17 @@
 """Continuous batched decoding for transformers language models: the model-thread half of batching.
 
-Rows join a running decode and leave it the moment they end. A row's prompt is split after the last image token
-into a *prefix* (system prompt, earlier turns, image tokens) and a *suffix* (the rest, up to the generation prompt);
-the prefix KV comes from the FrameCache when this frame (exact) or a near-identical one (similar) was prefilled
-before (then only the suffix is prefilled), else the prefix is prefilled with the images and kept. Cold rows that
-join together are prefilled together, left-padded, where the model allows it (prefill_together.py; images that
-stack along the batch, or MiniCPM-V's NaViT-packed ones; plain or hybrid linear/full attention caches), then cut
-back into one unpadded cache per row (cache_ops.split_rows); the others are prefilled alone. The new rows' caches
-are then merged into the running batch with left padding (cache_ops.py) and all live rows decode together, one
-token per row per step, each with its own sampling (greedy, or seeded temperature/top-p/top-k), its own grammar and
-its own token limit; positions are kept per row, so padding never shifts them.
+Rows join a running decode and leave it the moment they end. Each new row is prefilled into a cache of its own
+(row_prefill.py: the frame's prefix KV reused where the FrameCache holds it, the prompt in pieces between which a
+cancelled row stops: model_forward.py); cold rows that join together are prefilled together, left-padded, where the
+model allows it (prefill_together.py), then cut back into one unpadded cache per row. The new rows' caches are
+merged into the running batch with left padding (cache_ops.py) and all live rows decode together, one token per row
+per step, each with its own sampling (greedy, or seeded temperature/top-p/top-k), its own grammar and its own token
+limit; positions are kept per row, so padding never shifts them.
 
 Between steps the decoder asks `take_more(num_live)` for rows that arrived meanwhile (the service hands them from
 its queue without waiting): a new request waits at most one step, not for the whole batch. A row that ends (EOS,
-its token limit, or its `cancelled` event set) is handed back at once through `on_done` and its row is freed.
-
-A row prefilled alone goes through the model in pieces of at most `prefill_chunk_tokens` tokens of text (the
-span of image tokens stays in one piece, which carries the image inputs), each on the cache the ones before it
-filled; between pieces the row's `cancelled` event is read, so a request whose client went away or timed out frees
-the model thread within one piece. Cold rows prefilled together are only those whose prompt is one piece. A row also
-stops at the end of the model's context (`max_context_tokens`), as at its token limit.
+its token limit, the end of the model's context `max_context_tokens`, or its `cancelled` event set) is handed back
+at once through `on_done` and its row is freed.
 
 Rows may carry their prompt as embeddings (`PromptInputs.prefix_embeds`) instead of image tensors: an engine that
 builds its own multimodal embeddings (MiniCPM-o) then gives the decoder its inner language model.
@@ -28,7 +20,6 @@ builds its own multimodal embeddings (MiniCPM-o) then gives the decoder its inne
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -38,22 +29,20 @@ from transformers import DynamicCache
 
 from inference_worker.engines.base import RowCancelled
 from inference_worker.engines.hf import cache_ops
+from inference_worker.engines.hf.loading import vision_seconds
+from inference_worker.engines.hf.model_forward import PREFILL_CHUNK_TOKENS, ModelForward, has_plain_positions
 from inference_worker.engines.hf.packed_images import packs_images
 from inference_worker.engines.hf.prefill_together import PrefillTogether
-from inference_worker.engines.hf.rows import PromptInputs, Row, RowResult
+from inference_worker.engines.hf.row_prefill import RowPrefill
+from inference_worker.engines.hf.rows import Row, RowResult
 from inference_worker.engines.hf.sampling import TokenSampler, argmax_lines
-from inference_worker.engines.hf.loading import vision_seconds
-from inference_worker.engines.hf.text_path import text_path
+from inference_worker.protocol import CacheLevel
 
 if TYPE_CHECKING:
     from inference_worker.engines.hf.frame_cache import FrameCache
     from inference_worker.engines.hf.grammar import SchemaGrammars
 
-log = logging.getLogger("deskeye.worker")
-
-#: tokens of text in one prefill forward (a row's images' tokens come on top, in one piece): the most a cancelled
-#: row keeps the model thread after its client went away
-PREFILL_CHUNK_TOKENS = 512
+log = logging.getLogger("inference_worker")
 
 OnRowDone = Callable[[int, "RowResult | Exception"], None]
 #: (rows decoding now) -> new (index, Row) pairs to join the decode; [] when none are waiting
@@ -68,7 +57,7 @@ class _Live:
     sampler: TokenSampler
     cache: DynamicCache | None
     num_prompt_tokens: int
-    kv_cache: str
+    kv_cache: CacheLevel
     joined_s: float
     first_token_s: float = 0.0
     slot: int = 0                    # its row in the GrammarBatch
@@ -93,36 +82,29 @@ class _Batch:
     is_padded: bool = False          # some row is left-padded (set whenever rows join or leave)
 
 
-class BatchDecoder(PrefillTogether):
-    """Runs the continuous decode on one model; called only from the worker's model thread."""
+class BatchDecoder:
+    """Runs the continuous decode on one model; called only from the worker's model thread. Its collaborators:
+    `forward` (every forward through the model), `row_prefill` (one row's prefill with frame reuse) and `together`
+    (cold rows prefilled in one forward; None where the model cannot)."""
 
     def __init__(self, model: Any, *, eos_token_ids: Sequence[int], frame_cache: "FrameCache | None" = None,
                  grammars: Callable[[], "SchemaGrammars"] | None = None, can_merge: bool = True,
                  can_prefill_together: bool = False, keep_logits: bool = False,
                  prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, max_context_tokens: int | None = None):
-        if prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens must be at least 1; got {prefill_chunk_tokens}.")
         self.model = model
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
-        self.frame_cache = frame_cache
         self.grammars = grammars
         self.can_merge = can_merge        # False: a cache that left padding cannot merge; rows decode alone
+        self.forward = ModelForward(model, chunk_tokens=prefill_chunk_tokens)
+        self.row_prefill = RowPrefill(self.forward, frame_cache)
         #: cold rows that join together are prefilled in one left-padded forward (engine.can_prefill_together);
         #: else each row is prefilled alone
-        self.can_prefill_together = can_prefill_together and can_merge
-        #: image tensors packed NaViT-style into one row (MiniCPM-V: packed_images.py), not stacked along the batch
-        self.packs_images = packs_images(model)
+        self.together = PrefillTogether(self.row_prefill, packs_images=packs_images(model)) \
+            if can_prefill_together and can_merge else None
         self.keep_logits = keep_logits
-        self.plain_positions = has_plain_positions(model)   # else the model computes positions itself
-        #: text tokens per prefill forward; a model that computes positions itself is prefilled in one forward
-        self.prefill_chunk_tokens = prefill_chunk_tokens
         #: a row stops once its prompt and answer fill this many positions (None: no such bound)
         self.max_context_tokens = max_context_tokens
-        self.image_placeholders = image_placeholder_ids(model.config)
         self.prebuilds_step_mask = can_prebuild_step_mask(model)
-        #: decode steps and text-only forwards through the text decoder and lm_head (text_path.py), where they give
-        #: the model's logits
-        self.text_path = text_path(model, positions_kwarg=self.plain_positions)
         self.live_rows = 0                # rows decoding right now (EngineStats.live_rows)
         self.num_steps = 0                # batched decode steps so far
         self.num_row_steps = 0            # sum over those steps of the rows decoded: / num_steps = mean live rows
@@ -171,7 +153,7 @@ class BatchDecoder(PrefillTogether):
                 _finish(on_done, index, RowCancelled())
         admitted_s = time.perf_counter()               # each row's time to first token counts from here
         vision_before_s = vision_seconds(self.model)
-        prefilled = self._prefill_cold_together(live_rows)
+        prefilled = self.together.prefill(live_rows) if self.together is not None else {}
         num_together = sum(isinstance(found, tuple) for found in prefilled.values())
         shared_vision_s = (vision_seconds(self.model) - vision_before_s) / max(1, num_together)
         for index, row in live_rows:
@@ -211,13 +193,7 @@ class BatchDecoder(PrefillTogether):
         live = batch.live
         last = torch.tensor([[s.tokens[-1]] for s in live], device=batch.mask.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(live), 1))], dim=1)
-        step = dict(input_ids=last, attention_mask=self._step_mask(batch), cache=batch.cache,
-                    **self._positions(batch.positions))
-        with torch.inference_mode():
-            if self.text_path is not None:
-                logits = self.text_path(**step)
-            else:
-                logits = self.model(**step, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        logits = self.forward.step(last, self._step_mask(batch), batch.cache, batch.positions)
         self._append_tokens(live, logits, batch.grammar)
         batch.positions = batch.positions + 1
         self.num_steps += 1
@@ -268,7 +244,7 @@ class BatchDecoder(PrefillTogether):
         if isinstance(prefilled, tuple):
             cache, logits, kv_cache = prefilled
         else:
-            cache, logits, kv_cache = self._prefill(row.inputs, prefilled, row.cancelled)
+            cache, logits, kv_cache = self.row_prefill.prefill(row.inputs, prefilled, row.cancelled)
         state = _Live(index, row, TokenSampler(row.sampling, logits.device), cache, row.inputs.num_tokens, kv_cache,
                       joined_s=joined_s, logits=[] if self.keep_logits else None)
         state.slot = self._grammar_slot(batch, row)
@@ -285,7 +261,7 @@ class BatchDecoder(PrefillTogether):
         if batch.grammar is None:
             if row.grammar is None or self.grammars is None:
                 return 0
-            from inference_worker.engines.hf.grammar import GrammarBatch
+            from inference_worker.engines.hf.grammar_batch import GrammarBatch
             batch.grammar = GrammarBatch(self.grammars(), [])
             for state in (*batch.live, *batch.joining):
                 state.slot = batch.grammar.add(None)
@@ -338,141 +314,6 @@ class BatchDecoder(PrefillTogether):
                          mean_live_rows=state.live_sum / state.num_steps if state.num_steps else 1.0,
                          logits=state.logits)
 
-    # ------------------------------------------------------------ prefill with frame reuse
-
-    def _prefill(self, inputs: PromptInputs, found: Any = None, cancelled: threading.Event | None = None,
-                 ) -> tuple[DynamicCache, torch.Tensor, str]:
-        """This row's cache after its whole prompt, the logits for its first token, and what reuse happened.
-        `found`: the row's FrameCache Lookup when it was made already (None: look it up here). RowCancelled once
-        `cancelled` is set between two pieces of the prefill."""
-        found = found if found is not None else self._lookup(inputs)
-        if found is None:
-            cache, logits = self._cold(inputs, cancelled)
-            return cache, logits, "off" if inputs.num_images else "none"
-        if found.value is None:
-            cache, logits, prefix_cache = self._prefill_and_keep_prefix(inputs, cancelled)
-            self._keep_prefix(inputs, prefix_cache)
-            return cache, logits, found.level
-        cache, logits = self._forward(cache_ops.fork(found.value), ids=inputs.suffix_ids,
-                                      num_past=int(inputs.prefix_ids.shape[1]), cancelled=cancelled)
-        return cache, logits, found.level
-
-    def _lookup(self, inputs: PromptInputs):
-        """The row's frame in the FrameCache (a Lookup), or None when reuse is off for it."""
-        frame_cache, frame = self.frame_cache, inputs.frame
-        if frame is None or frame_cache is None or frame_cache.max_bytes == 0:
-            return None
-        return frame_cache.lookup(frame.exact_key, frame.group_key, frame.signature, frame.nearest)
-
-    def _keep_prefix(self, inputs: PromptInputs, prefix_cache: DynamicCache) -> None:
-        from inference_worker.engines.hf.frame_cache import tensor_nbytes
-        frame = inputs.frame
-        self.frame_cache.put(frame.exact_key, frame.group_key, frame.signature, prefix_cache,
-                             tensor_nbytes(prefix_cache))
-
-    def _cold(self, inputs: PromptInputs, cancelled: threading.Event | None = None,
-              ) -> tuple[DynamicCache, torch.Tensor]:
-        if inputs.prefix_embeds is None:
-            return self._forward(self._new_cache(), ids=inputs.all_ids(), vision=inputs.vision, num_past=0,
-                                 cancelled=cancelled)
-        cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0, cancelled=cancelled)
-        return self._forward(cache, ids=inputs.suffix_ids, num_past=int(inputs.prefix_ids.shape[1]),
-                             cancelled=cancelled)
-
-    def _prefill_and_keep_prefix(self, inputs: PromptInputs, cancelled: threading.Event | None = None,
-                                 ) -> tuple[DynamicCache, torch.Tensor, DynamicCache]:
-        """A cold prefill that also yields the frame prefix's cache to keep. Plain attention caches are prefilled
-        whole and the prefix copied out (one forward: the cold path itself); other caches (recurrent state
-        cannot be cut) prefill the prefix, keep it, then the suffix on a fork of it."""
-        num_prefix = int(inputs.prefix_ids.shape[1])
-        if cache_ops.is_plain_attention(self._new_cache()) and inputs.prefix_embeds is None:
-            cache, logits = self._cold(inputs, cancelled)
-            return cache, logits, cache_ops.prefix_of(cache, num_prefix)
-        if inputs.prefix_embeds is not None:
-            prefix_cache, _ = self._forward(self._new_cache(), embeds=inputs.prefix_embeds, num_past=0,
-                                            cancelled=cancelled)
-        else:
-            prefix_cache, _ = self._forward(self._new_cache(), ids=inputs.prefix_ids, vision=inputs.vision, num_past=0,
-                                            cancelled=cancelled)
-        cache, logits = self._forward(cache_ops.fork(prefix_cache), ids=inputs.suffix_ids, num_past=num_prefix,
-                                      cancelled=cancelled)
-        return cache, logits, prefix_cache
-
-    def _new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
-
-    def _forward(self, cache: DynamicCache, *, num_past: int, ids: torch.Tensor | None = None,
-                 embeds: torch.Tensor | None = None, vision: dict[str, torch.Tensor] | None = None,
-                 cancelled: threading.Event | None = None) -> tuple[DynamicCache, torch.Tensor]:
-        """One row's prefill over `ids` (or `embeds`) after `num_past` cached tokens, in the pieces `prefill_pieces`
-        plans (the image inputs go with the piece that holds the image tokens); RowCancelled when `cancelled` is set
-        before a piece. Returns the cache and the last position's logits."""
-        tokens = ids if ids is not None else embeds
-        length = int(tokens.shape[1])
-        span = self._image_span(tokens) if vision else None
-        logits = None
-        for start, end in self._pieces(length, vision, span):
-            if cancelled is not None and cancelled.is_set():
-                raise RowCancelled()
-            piece = slice(start, end) if (start, end) != (0, length) else slice(None)   # whole: the tensors as given
-            holds_images = bool(vision) and (span is None or start <= span[0] < end)
-            cache, logits = self._forward_once(cache, num_past=num_past + start,
-                                               ids=None if ids is None else ids[:, piece],
-                                               embeds=None if embeds is None else embeds[:, piece],
-                                               vision=vision if holds_images else None)
-        return cache, logits
-
-    def prefill_pieces(self, tokens: torch.Tensor, vision: dict[str, torch.Tensor] | None = None,
-                       ) -> list[tuple[int, int]]:
-        """[start, end) of each forward a row's `tokens` (ids or embeddings, (1, n, ...)) are prefilled in."""
-        return self._pieces(int(tokens.shape[1]), vision, self._image_span(tokens) if vision else None)
-
-    def num_prefill_pieces(self, inputs: PromptInputs) -> int:
-        """How many forwards the row's cold prefill takes alone (1: it may be prefilled with other rows)."""
-        if inputs.prefix_embeds is not None:
-            return len(self.prefill_pieces(inputs.prefix_embeds)) + len(self.prefill_pieces(inputs.suffix_ids))
-        return len(self.prefill_pieces(inputs.all_ids(), inputs.vision))
-
-    def _pieces(self, length: int, vision: dict | None, span: tuple[int, int] | None) -> list[tuple[int, int]]:
-        """One piece for a model that computes positions itself, or whose image inputs come without placeholder
-        tokens to keep together; else `prefill_pieces`."""
-        if not self.plain_positions or (vision and span is None):
-            return [(0, length)]
-        return prefill_pieces(length, self.prefill_chunk_tokens, span)
-
-    def _image_span(self, ids: torch.Tensor) -> tuple[int, int] | None:
-        """[first, last + 1) of the image placeholder tokens in `ids` (1, n); None when there are none (or `ids`
-        are embeddings)."""
-        if ids.dtype.is_floating_point or not self.image_placeholders:
-            return None
-        is_image = torch.isin(ids[0], torch.tensor(sorted(self.image_placeholders), device=ids.device))
-        where = is_image.nonzero()
-        if not len(where):
-            return None
-        return int(where[0]), int(where[-1]) + 1
-
-    def _forward_once(self, cache: DynamicCache, *, num_past: int, ids: torch.Tensor | None = None,
-                      embeds: torch.Tensor | None = None, vision: dict[str, torch.Tensor] | None = None,
-                      ) -> tuple[DynamicCache, torch.Tensor]:
-        """One row's forward over `ids` (or `embeds`) after `num_past` cached tokens."""
-        length = ids.shape[1] if ids is not None else embeds.shape[1]
-        device = ids.device if ids is not None else embeds.device
-        mask = torch.ones((1, num_past + length), dtype=torch.long, device=device)
-        positions = torch.arange(num_past, num_past + length, device=device).unsqueeze(0)
-        if ids is not None and not vision and self.text_path is not None:     # text only: an exact hit's suffix
-            with torch.inference_mode():
-                logits = self.text_path(input_ids=ids, attention_mask=mask, cache=cache, **self._positions(positions))
-            return cache, logits[0]
-        tokens = {"input_ids": ids} if ids is not None else {"inputs_embeds": embeds}
-        with torch.inference_mode():
-            out = self.model(**tokens, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1,
-                             **self._positions(positions), **(vision or {}))
-        return cache, out.logits[0, -1, :]
-
-    def _positions(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
-        """position_ids for the forward: explicit per row where positions are plain, else the model's own."""
-        return {"position_ids": positions} if self.plain_positions else {}
-
 
 def _finish(on_done: OnRowDone, index: int, outcome: "RowResult | Exception") -> None:
     """Hand a row's outcome over; a callback that raises makes that exception the row's outcome, once."""
@@ -488,29 +329,6 @@ def _finish(on_done: OnRowDone, index: int, outcome: "RowResult | Exception") ->
             log.warning("the completion callback of row %d failed again", index, exc_info=True)
 
 
-def prefill_pieces(length: int, chunk_tokens: int, image_span: tuple[int, int] | None = None,
-                   ) -> list[tuple[int, int]]:
-    """[start, end) of the forwards that prefill `length` tokens: each takes at most `chunk_tokens` tokens of text,
-    and the `image_span` [first, last + 1) of image tokens is never cut (its tokens come on top of the piece it falls
-    in: the image inputs belong to one forward)."""
-    first, last = image_span if image_span is not None else (length, length)
-    pieces, start = [], 0
-    while start < length:
-        end = start + chunk_tokens
-        if start <= first < end:                   # the images' tokens ride along, whole
-            end = last + (end - first)
-        end = min(end, length)
-        pieces.append((start, end))
-        start = end
-    return pieces
-
-
-def image_placeholder_ids(config: Any) -> frozenset[int]:
-    """The token ids a model replaces with image (or video) features."""
-    ids = (getattr(config, name, None) for name in ("image_token_id", "image_token_index", "video_token_id"))
-    return frozenset(int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool))
-
-
 def can_merge_caches(model: Any) -> bool:
     """Whether rows of this model can be decoded together: its cache layers are ones cache_ops merges (plain or
     linear attention: no sliding window) and its positions are plain 1-D ones."""
@@ -523,11 +341,3 @@ def can_prebuild_step_mask(model: Any) -> bool:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     implementation = getattr(decoder.config, "_attn_implementation", None)
     return implementation == "sdpa" and cache_ops.is_plain_attention(DynamicCache(config=model.config))
-
-
-def has_plain_positions(model: Any) -> bool:
-    """False for M-RoPE models that compute positions from the image grid (Qwen2-VL style: `get_rope_index`) and
-    keep position state between calls (`rope_deltas`): neither a reused prefix nor explicit position ids are safe
-    for them. A text model with M-RoPE sections whose model passes plain positions (MiniCPM-V 4.6) is plain."""
-    inner = getattr(model, "model", model)
-    return not any(hasattr(obj, name) for obj in (model, inner) for name in ("get_rope_index", "rope_deltas"))

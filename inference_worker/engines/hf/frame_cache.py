@@ -18,18 +18,18 @@ process's RSS stays within the budget rather than within the budget plus fragmen
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import itertools
 import math
-import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
+
+from inference_worker.images import release_freed_memory
+from inference_worker.protocol import CacheLevel
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -199,7 +199,7 @@ def _tensors(obj: Any):
 @dataclass(frozen=True)
 class Lookup:
     value: Any | None
-    level: str                     # "exact" | "similar" | "miss"
+    level: CacheLevel              # EXACT | SIMILAR | MISS
     distance: float = math.inf     # frame_distance to the entry used: 0.0 for exact, inf for a miss
 
 
@@ -209,30 +209,6 @@ class _Entry:
     signature: FrameSignature | None
     value: Any
     num_bytes: int
-
-
-def release_freed_memory() -> bool:
-    """Return the C heap's free pages to the OS (glibc malloc_trim); False where there is no such call."""
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
-
-
-_TRIM: list = []
-
-
-def _malloc_trim():
-    if not _TRIM:
-        function = None
-        if sys.platform.startswith("linux"):
-            try:
-                function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
-            except OSError:
-                function = None
-        _TRIM.append(function)
-    return _TRIM[0]
 
 
 class FrameCache:
@@ -293,14 +269,14 @@ class FrameCache:
             found = (exact_key, 0.0) if exact_key in self._entries else nearest
             if found is None:
                 self.num_misses += 1
-                return Lookup(None, "miss")
+                return Lookup(None, CacheLevel.MISS)
             key, distance = found
             self._entries.move_to_end(key)
             if key == exact_key:
                 self.num_exact_hits += 1
-                return Lookup(self._entries[key].value, "exact", 0.0)
+                return Lookup(self._entries[key].value, CacheLevel.EXACT, 0.0)
             self.num_similar_hits += 1
-            return Lookup(self._entries[key].value, "similar", distance)
+            return Lookup(self._entries[key].value, CacheLevel.SIMILAR, distance)
 
     def nearest(self, group_key: bytes, signature: FrameSignature | None) -> tuple[bytes, float] | None:
         """(key, distance) of the closest kept frame of `group_key` within the similar threshold, or None. Thread

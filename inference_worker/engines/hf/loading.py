@@ -1,6 +1,6 @@
-"""Find, check and load a vision-language model: local folder or Hub id, device, dtype, attention.
+"""Load a vision-language model: device, dtype, attention, enough GPU memory, then the family's parts loader.
 
-Every way loading can fail that a user can fix (a missing or incomplete folder, a Hub id while offline,
+Every way loading can fail that a user can fix (a missing or incomplete folder, a Hub id while offline: model_files.py;
 too little GPU memory) becomes a `ModelLoadError` whose message says what is wrong and what to do.
 `load_model` returns a `LoadedModel`; which parts loader runs is the caller's FAMILIES entry (engines/__init__.py),
 so this module imports no engine.
@@ -8,15 +8,13 @@ so this module imports no engine.
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import re
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from inference_worker.engines.hf.model_files import (ModelLoadError, check_model_folder, checkpoint_weight_bytes,
+                                                     num_checkpoint_params, resolve_model_path)
 
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -32,13 +30,8 @@ MODEL_BY_VRAM = (
     (5 * GB, "openbmb/MiniCPM-V-4.6", "MiniCPM-V 4.6, ~4 GB in bf16"),
 )
 CPU_MODEL = "openbmb/MiniCPM-V-4.6"
-CONFIG_FILE = "config.json"
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 #: MiniCPM-o weights the worker does not load (init_audio=False, init_tts=False): audio tower and TTS
 MINICPMO_UNLOADED_PREFIXES = ("apm.", "tts.", "audio_")
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 #: /proc/cpuinfo flags of a CPU that multiplies bf16 natively (Intel AMX; AVX-512 BF16 on Intel and AMD Zen 4+).
 #: There MiniCPM-V 4.6 in bf16 ran its vision tower 4-5x faster than in fp32 and its answer ~2x faster (README);
 #: without them bf16 is emulated and slower than fp32.
@@ -47,12 +40,6 @@ CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 #: pay (the tiny test models decoded 18-32% slower in bf16 on an AMX CPU), and fp32 keeps them exact
 MIN_CPU_BF16_PARAMS = 100_000_000
 CPUINFO_PATH = Path("/proc/cpuinfo")
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-_TRUE = {"1", "on", "yes", "true"}
-
-
-class ModelLoadError(Exception):
-    """The model cannot be loaded; the message says why and what to do about it."""
 
 
 @dataclass(frozen=True)
@@ -86,136 +73,7 @@ class LoadedModel:
     attn_implementation: str
 
 
-# ---------------------------------------------------------------- where the files are
-
-def resolve_model_path(model: str, *, progress: bool = True) -> Path:
-    """A local folder as is; a Hub id from the local HF cache, downloading it when online."""
-    local = Path(model).expanduser()
-    if local.exists():
-        if not local.is_dir():
-            raise ModelLoadError(f"Model path {local} is a file; pass the folder that holds config.json.")
-        return local.resolve()
-    if not _HUB_ID.match(model) or model.startswith((".", "~")):
-        raise ModelLoadError(f"Model folder {local} does not exist. Check the path, or pass a Hugging Face "
-                             "Hub id such as openbmb/MiniCPM-V-4.6.")
-    return _snapshot(model, progress=progress)
-
-
-def is_offline() -> bool:
-    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def _snapshot(repo_id: str, *, progress: bool) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    offline = is_offline()
-    how_to_get = (f"Download it first on a machine with internet access: `hf download {repo_id}` "
-                  f"(or `huggingface-cli download {repo_id}`), then copy the folder and pass its path, "
-                  "or copy the Hugging Face cache (~/.cache/huggingface/hub).")
-    try:
-        kwargs = {} if progress else {"tqdm_class": _quiet_tqdm_class()}
-        return Path(snapshot_download(repo_id, local_files_only=offline, **kwargs))
-    except GatedRepoError:
-        raise ModelLoadError(f"{repo_id} is gated on the Hub: accept its licence on its model page and log in "
-                             "with `hf auth login`, then try again.") from None
-    except RepositoryNotFoundError:
-        raise ModelLoadError(f"There is no model {repo_id!r} on the Hugging Face Hub (or it is private). "
-                             "Check the id, e.g. openbmb/MiniCPM-V-4.6.") from None
-    except LocalEntryNotFoundError:
-        why = ("HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached")
-        raise ModelLoadError(f"{repo_id} is neither a local folder nor in the local Hugging Face cache, and {why}. "
-                             f"{how_to_get} "
-                             "If it is cached, set HF_HUB_OFFLINE=1 to skip the network.") from None
-    except (HfHubHTTPError, OSError) as exc:
-        raise ModelLoadError(f"Could not download {repo_id}: {exc}. {how_to_get}") from None
-
-
-def _quiet_tqdm_class():
-    from tqdm.auto import tqdm
-
-    class QuietTqdm(tqdm):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "disable": True})
-    return QuietTqdm
-
-
-# ---------------------------------------------------------------- is the folder complete
-
-def check_model_folder(path: Path) -> dict[str, Any]:
-    """Read config.json; raise ModelLoadError listing what the folder lacks."""
-    missing = []
-    if not (path / CONFIG_FILE).is_file():
-        missing.append(f"{CONFIG_FILE} (the model configuration)")
-    missing += _missing_weights(path)
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        missing.append(f"tokenizer files ({' or '.join(TOKENIZER_FILES)})")
-    if not any((path / name).is_file() for name in PROCESSOR_FILES):
-        missing.append(f"image processor files ({' or '.join(PROCESSOR_FILES)})")
-    missing += _missing_remote_code(path)
-    if missing:
-        raise ModelLoadError(f"The model folder {path} is incomplete; it lacks: " + "; ".join(missing)
-                             + ". Download the whole checkpoint again (e.g. `hf download ID --local-dir "
-                               f"{path}`).")
-    try:
-        return json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path / CONFIG_FILE} cannot be read as JSON ({exc}); download it again.") from None
-
-
-def _missing_weights(path: Path) -> list[str]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-        except (OSError, ValueError, KeyError):
-            return [f"a readable {index.name}"]
-        absent = sorted(s for s in shards if not (path / s).is_file())
-        return [f"weight shards {', '.join(absent)}"] if absent else []
-    if any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
-        return []
-    return ["weights (*.safetensors or pytorch_model*.bin)"]
-
-
-def _missing_remote_code(path: Path) -> list[str]:
-    """The modeling files config.json's auto_map names (checkpoints that ship their own code)."""
-    try:
-        auto_map = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8")).get("auto_map") or {}
-    except (OSError, ValueError, AttributeError):
-        return []
-    refs = [r for v in auto_map.values() for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)]
-    modules = {r.split("--")[-1].rsplit(".", 1)[0] + ".py" for r in refs}
-    absent = sorted(m for m in modules if not (path / m).is_file())
-    return [f"its own model code ({', '.join(absent)})"] if absent else []
-
-
 # ---------------------------------------------------------------- how much memory it needs
-
-def checkpoint_weight_bytes(path: Path, *, itemsize: int, skip_prefixes: tuple[str, ...] = ()) -> int:
-    """Bytes the weights take in memory once floats are cast to `itemsize`; read from safetensors headers.
-
-    Integer tensors (packed 4-bit weights) keep their stored size. Falls back to file sizes for .bin.
-    """
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        return sum(f.stat().st_size for pattern in WEIGHT_PATTERNS[1:] for f in path.glob(pattern))
-    total = 0
-    for file in files:
-        for name, info in _safetensors_header(file).items():
-            if name == "__metadata__" or name.startswith(skip_prefixes):
-                continue
-            if info["dtype"] in _FLOAT_DTYPES:
-                total += math.prod(info["shape"]) * itemsize
-            else:
-                total += info["data_offsets"][1] - info["data_offsets"][0]
-    return total
-
-
-def _safetensors_header(file: Path) -> dict[str, Any]:
-    with file.open("rb") as fh:
-        (length,) = struct.unpack("<Q", fh.read(8))
-        return json.loads(fh.read(length))
-
 
 def required_vram_bytes(weight_bytes: int, kv_cache_bytes: int = 0) -> int:
     """Weights, working memory (activations, CUDA context) and the frame KV budget the engine may fill."""
@@ -298,12 +156,6 @@ def read_cpu_flags(cpuinfo_text: str | None = None) -> frozenset[str]:
 def cpu_has_bf16(flags: frozenset[str]) -> bool:
     """Whether a CPU with these flags multiplies bf16 natively (CPU_BF16_FLAGS)."""
     return any(flag in flags for flag in CPU_BF16_FLAGS)
-
-
-def num_checkpoint_params(path: Path) -> int:
-    """About how many parameters the checkpoint in `path` holds (its float tensors, from the safetensors headers)."""
-    return checkpoint_weight_bytes(path, itemsize=1)
-
 
 def attention_implementation(device) -> str:
     """flash_attention_2 on CUDA when flash_attn imports, else PyTorch's sdpa."""

@@ -7,12 +7,13 @@ and for linear-attention layers, which zero padded inputs before they reach thei
 not exact *between* a cached prefix and its suffix (a padded step still decays the state), so a hybrid model whose
 frame prefix must be kept prefills the prefixes together, then suffixes of equal length together.
 
-Only rows whose prompt is one prefill piece (`BatchDecoder.num_prefill_pieces`) join: a longer one is prefilled
+Only rows whose prompt is one prefill piece (`RowPrefill.num_pieces`) join: a longer one is prefilled
 alone, piece by piece, so that its cancellation is seen between pieces.
 
-`PrefillTogether` is mixed into `BatchDecoder` (batch_decode.py) and uses its `_forward`, `_new_cache`, `_lookup`,
-`_keep_prefix`, `num_prefill_pieces`, `model`, `can_prefill_together` and `packs_images`. A group whose forward fails
-leaves its rows to the decoder, which prefills each alone (and each fails alone).
+`BatchDecoder` (batch_decode.py) holds one `PrefillTogether` where the model allows it and calls its one method,
+`prefill(rows)`; it works through the decoder's `RowPrefill` (frame lookups, kept prefixes, how many pieces a row
+takes) and that one's `ModelForward` (the left-padded forward). A group whose forward fails leaves its rows to the
+decoder, which prefills each alone (and each fails alone).
 """
 
 from __future__ import annotations
@@ -25,31 +26,39 @@ from transformers import DynamicCache
 
 from inference_worker.engines.hf import cache_ops
 from inference_worker.engines.hf.packed_images import pack_image_inputs, packed_image_layout
+from inference_worker.engines.hf.row_prefill import RowPrefill, uncached_level
+from inference_worker.protocol import CacheLevel
 
 if TYPE_CHECKING:
     from inference_worker.engines.hf.rows import PromptInputs, Row
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
 
 class PrefillTogether:
-    """The batched-prefill half of BatchDecoder (see the module docstring)."""
+    """The batch decoder's batched prefill (see the module docstring). `packs_images`: the model takes its prompts'
+    images NaViT-packed (MiniCPM-V), else stacked along the batch."""
 
-    def _prefill_cold_together(self, rows: list[tuple[int, Row]]) -> dict[int, Any]:
+    def __init__(self, row_prefill: RowPrefill, *, packs_images: bool):
+        self.row_prefill = row_prefill
+        self.forward = row_prefill.forward
+        self.packs_images = packs_images
+
+    def prefill(self, rows: list[tuple[int, Row]]) -> dict[int, Any]:
         """Prefill, in one forward per group, the cold rows (no frame hit) whose image tensors have one layout.
-        Returns {index: (the row's own cache, its first-token logits, its kv_cache level)} for those, and
-        {index: its frame Lookup} for the rest (hits, rows given as embeddings, lone rows), which `_start_row`
+        Returns {index: (the row's own cache, its first-token logits, its CacheLevel)} for those, and
+        {index: its frame Lookup} for the rest (hits, rows given as embeddings, lone rows), which the decoder
         prefills alone; a group whose forward fails leaves its rows to be prefilled alone, each failing alone."""
-        if not self.can_prefill_together or len(rows) < 2:
+        if len(rows) < 2:
             return {}
         groups: dict[tuple, list[tuple[int, Row, Any]]] = {}
         prefilled: dict[int, Any] = {}
         for index, row in rows:
             inputs = row.inputs
-            prefilled[index] = found = self._lookup(inputs)
+            prefilled[index] = found = self.row_prefill.lookup(inputs)
             layout = packed_image_layout(inputs.vision) if self.packs_images else _vision_layout(inputs)
             if (found is not None and found.value is not None) or layout is None or inputs.prefix_embeds is not None \
-                    or self.num_prefill_pieces(inputs) > 1:     # a long prompt: prefilled alone, piece by piece
+                    or self.row_prefill.num_pieces(inputs) > 1:     # a long prompt: prefilled alone, piece by piece
                 continue
             groups.setdefault(layout, []).append((index, row, found))
         for group in (g for g in groups.values() if len(g) >= 2):
@@ -59,7 +68,8 @@ class PrefillTogether:
                 log.debug("a batched prefill failed; its rows are prefilled one by one", exc_info=True)
         return prefilled
 
-    def _prefill_group(self, group: list[tuple[int, Row, Any]]) -> dict[int, tuple[DynamicCache, torch.Tensor, str]]:
+    def _prefill_group(self, group: list[tuple[int, Row, Any]],
+                       ) -> dict[int, tuple[DynamicCache, torch.Tensor, CacheLevel]]:
         """The group's rows prefilled together, each row's unpadded cache and first-token logits, and each frame's
         prefix kept (after every forward succeeded: a failing group keeps nothing). Plain attention: one forward over
         the whole prompts, the prefix copied out of each row. A hybrid cache must keep the state *after the prefix*,
@@ -67,18 +77,18 @@ class PrefillTogether:
         through one more each (`_suffixes_together`); rows whose frame is not kept take the one-forward path."""
         inputs = [row.inputs for _, row, _ in group]
         is_kept = [found is not None for _, _, found in group]      # a frame miss: its prefix goes to the FrameCache
-        if any(is_kept) and not cache_ops.is_plain_attention(self._new_cache()):
-            prefixes, _ = self._forward_rows([i.prefix_ids for i in inputs], self._combine_vision(inputs))
+        if any(is_kept) and not cache_ops.is_plain_attention(self.forward.new_cache()):
+            prefixes, _ = self.forward.prefill_rows([i.prefix_ids for i in inputs], self._combine_vision(inputs))
             caches, logits = self._suffixes_together(inputs, prefixes)
         else:
-            caches, logits = self._forward_rows([i.all_ids() for i in inputs], self._combine_vision(inputs))
+            caches, logits = self.forward.prefill_rows([i.all_ids() for i in inputs], self._combine_vision(inputs))
             prefixes = [cache_ops.prefix_of(cache, int(i.prefix_ids.shape[1])) if kept else None
                         for cache, i, kept in zip(caches, inputs, is_kept)]
         results = {}
         for (index, row, found), cache, row_logits, prefix in zip(group, caches, logits, prefixes):
             if found is not None:
-                self._keep_prefix(row.inputs, prefix)
-            level = found.level if found is not None else ("off" if row.inputs.num_images else "none")
+                self.row_prefill.keep_prefix(row.inputs, prefix)
+            level = found.level if found is not None else uncached_level(row.inputs)
             results[index] = (cache, row_logits, level)
         return results
 
@@ -96,52 +106,16 @@ class PrefillTogether:
         for members in by_length.values():
             if len(members) == 1:
                 i = members[0]
-                caches[i], logits[i] = self._forward(cache_ops.fork(prefixes[i]), ids=inputs[i].suffix_ids,
-                                                     num_past=int(inputs[i].prefix_ids.shape[1]))
+                caches[i], logits[i] = self.forward.prefill(cache_ops.fork(prefixes[i]), ids=inputs[i].suffix_ids,
+                                                            num_past=int(inputs[i].prefix_ids.shape[1]))
                 continue
             past = [prefixes[i] for i in members]                  # merged into new tensors: kept ones stay as is
-            out_caches, out_logits = self._forward_rows([inputs[i].suffix_ids for i in members], {}, past=past,
-                                                        num_past=[int(inputs[i].prefix_ids.shape[1]) for i in members])
+            out_caches, out_logits = self.forward.prefill_rows(
+                [inputs[i].suffix_ids for i in members], {}, past=past,
+                num_past=[int(inputs[i].prefix_ids.shape[1]) for i in members])
             for i, cache, row_logits in zip(members, out_caches, out_logits):
                 caches[i], logits[i] = cache, row_logits
         return caches, logits
-
-    def _forward_rows(self, ids: list[torch.Tensor], vision: dict[str, torch.Tensor], *,
-                      past: list[DynamicCache] | None = None, num_past: list[int] | None = None,
-                      ) -> tuple[list[DynamicCache], torch.Tensor]:
-        """One forward over several rows' new tokens (each (1, n_i)), left-padded (position_ids = num_past +
-        cumsum(mask) - 1), from an empty cache or on the rows' `past` caches (merged; then every row adds equally
-        many tokens, so no padding sits between a row's past and its new tokens). Returns each row's unpadded cache
-        (cache_ops.split_rows) and its last logits (rows, vocab)."""
-        lengths = [int(t.shape[1]) for t in ids]
-        longest = max(lengths)
-        num_past = num_past or [0] * len(ids)
-        batch_ids = ids[0].new_full((len(ids), longest), self._filler_token(ids[0]))
-        new_mask = torch.zeros_like(batch_ids)
-        for i, row in enumerate(ids):
-            batch_ids[i, longest - lengths[i]:] = row[0]
-            new_mask[i, longest - lengths[i]:] = 1
-        if past is None:
-            cache, mask = self._new_cache(), new_mask
-        else:
-            if len(set(lengths)) > 1:
-                raise ValueError(f"rows on past caches must add equally many tokens; got {lengths}")
-            cache, past_mask = cache_ops.merge(past)
-            mask = torch.cat([past_mask, new_mask], dim=1)
-        positions = torch.tensor(num_past, device=new_mask.device)[:, None] + (new_mask.cumsum(dim=1) - 1).clamp(min=0)
-        with torch.inference_mode():
-            out = self.model(input_ids=batch_ids, attention_mask=mask, position_ids=positions, cache=cache,
-                             use_cache=True, logits_to_keep=1, **vision)
-        totals = [p + n for p, n in zip(num_past, lengths)]
-        return cache_ops.split_rows(cache, totals), out.logits[:, -1, :]
-
-    def _filler_token(self, ids: torch.Tensor) -> int:
-        """A token for the padding (masked out, so any real one), but never an image or video placeholder: the model
-        counts those to place the image features (a prefix ends on one)."""
-        config = self.model.config
-        placeholders = {getattr(config, name, None) for name in ("image_token_id", "image_token_index",
-                                                                 "video_token_id")}
-        return next((token for token in ids[0].tolist() if token not in placeholders), int(ids[0, 0]))
 
     def _combine_vision(self, inputs: list[PromptInputs]) -> dict[str, torch.Tensor]:
         """The rows' image tensors as the model's batched forward takes them: NaViT-packed (MiniCPM-V) or stacked."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from inference_worker.engines.hf.rows import FrameKey, PromptInputs
+from inference_worker.engines.options import ImageLimits
 from inference_worker.protocol import ChatRequest, ImagePart, Message, SamplingParams
 
 if TYPE_CHECKING:
@@ -62,12 +63,12 @@ class PrepareProcesses:
     says so and the thread encodes itself. Started and warmed up (one encode each) before the engine reports
     ready. If a child dies, `try_encode` raises PrepareProcessDied (the engine then encodes on its threads)."""
 
-    def __init__(self, preprocessor: Preprocessor, num_processes: int, *, max_image_pixels: int,
+    def __init__(self, preprocessor: Preprocessor, num_processes: int, *, image_limits: ImageLimits,
                  warm_up: ChatRequest):
         if num_processes < 1:
             raise ValueError(f"num_processes must be at least 1; got {num_processes}.")
         context = multiprocessing.get_context("spawn")
-        self.max_image_pixels = max_image_pixels
+        self.image_limits = image_limits
         self.num_encoded = 0              # requests the children encoded (the rest were encoded on the threads)
         self._children: list[_Child] = []
         self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
@@ -75,7 +76,7 @@ class PrepareProcesses:
             for _ in range(num_processes):
                 self._children.append(_Child.start(context, preprocessor))
             for child in self._children:
-                child.call(warm_up, max_image_pixels)
+                child.call(warm_up, image_limits)
                 self._idle.put(child)
         except BaseException:
             self.close()
@@ -88,13 +89,13 @@ class PrepareProcesses:
     def try_encode(self, request: ChatRequest) -> PromptInputs | None:
         """The request's PromptInputs from an idle child, or None when every child is busy (the caller then
         encodes on its own thread: the children add preprocessing capacity, they never queue it); ProtocolError
-        for an image serving/images.py refuses (as the service's own decoding would say it)."""
+        for an image images.py refuses (as the service's own decoding would say it)."""
         try:
             child = self._idle.get_nowait()
         except queue.Empty:
             return None
         try:
-            inputs = child.call(request, self.max_image_pixels)
+            inputs = child.call(request, self.image_limits)
             self.num_encoded += 1
             return inputs
         finally:
@@ -125,9 +126,9 @@ class _Child:
             theirs.close()
         return cls(process, ours)
 
-    def call(self, request: ChatRequest, max_image_pixels: int) -> PromptInputs:
+    def call(self, request: ChatRequest, image_limits: ImageLimits) -> PromptInputs:
         try:
-            self.connection.send((request, max_image_pixels))
+            self.connection.send((request, image_limits))
             if not self.connection.poll(ENCODE_TIMEOUT_S):
                 self.process.kill()
                 raise PrepareProcessDied(f"no answer in {ENCODE_TIMEOUT_S:.0f} s (the child was stopped)")
@@ -153,9 +154,9 @@ class _Child:
 # ------------------------------------------------------------ in the child
 
 def _child_main(connection: Any, preprocessor: Preprocessor) -> None:
-    """A child's loop: (request, max_image_pixels) in, (True, PromptInputs) or (False, exception) out; None ends
+    """A child's loop: (request, image limits) in, (True, PromptInputs) or (False, exception) out; None ends
     it, and so does the parent's end of the pipe closing."""
-    from inference_worker.serving.images import TRIM_AFTER_PIXELS, decode_request_images, release_freed_memory
+    from inference_worker.images import TRIM_AFTER_PIXELS, release_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl+C in the worker's terminal: the parent stops us
     torch.set_num_threads(1)              # a request's images are small work; the cores belong to the model
@@ -166,10 +167,10 @@ def _child_main(connection: Any, preprocessor: Preprocessor) -> None:
             return
         if message is None:
             return
-        request, max_image_pixels = message
+        request, image_limits = message
         images = []
         try:
-            images = decode_request_images(request, max_image_pixels)
+            images = image_limits.decode(request)
             answer = (True, _to_wire(preprocessor.encode(request.messages, images)))
         except Exception as exc:  # noqa: BLE001 - that request's answer, raised again in the parent
             answer = (False, _picklable(exc))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from inference_worker.engines.hf.frame_cache import NOT_SEARCHED
-from inference_worker.protocol import SamplingParams
+from inference_worker.protocol import CacheLevel, SamplingParams
 
 if TYPE_CHECKING:
     from inference_worker.engines.hf.frame_cache import FrameSignature  # noqa: F401
@@ -40,6 +40,9 @@ class PromptInputs:
     prefix_embeds: torch.Tensor | None = None
     #: the request's compiled grammar (an llguidance matcher, made while preparing); each attempt decodes with a copy
     grammar: Any = None
+    #: how an engine that encodes the images itself had their features (MiniCPM-o's vision cache); None: the
+    #: decoder's frame KV decides the row's level
+    cache_level: CacheLevel | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -65,7 +68,7 @@ class RowResult:
     token_ids: list[int]
     is_eos: bool
     prompt_tokens: int
-    kv_cache: str                    # "exact" | "similar" | "miss" | "off" | "none"
+    kv_cache: CacheLevel             # how much of the prompt came from the frame cache
     batch_size: int                  # the most rows decoded together while this row decoded (itself included)
     ttft_s: float                    # joining the decode to this row's first token
     decode_s: float                  # first token to last

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
 #: how close the pair's logits must be to the wrapper's (float32, relative to the largest logit when above 1)
 MAX_LOGIT_DIFFERENCE = 1e-4

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
 
 @dataclass

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Sequence
+import threading
+from typing import Sequence
 
-from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems, run_one
-from inference_worker.engines.ocr.reader import OcrLine, OcrReader
-from inference_worker.protocol import ChatRequest, Completion, Message
+from inference_worker.engines.base import Engine, EngineStats, OnDone, Prepared, TakeMoreItems
 from inference_worker.engines.ocr.concepts import bounded, clean
-
-if TYPE_CHECKING:
-    from PIL.Image import Image
+from inference_worker.engines.ocr.reader import OcrLine, OcrReader
+from inference_worker.engines.options import EngineOptions
+from inference_worker.protocol import ChatRequest, Completion, Message, OcrGrounding
 
 MAX_GROUNDING_CHARS = 1500      # all read text together
 MAX_GROUNDING_LINE_CHARS = 160  # one line
@@ -59,12 +58,18 @@ def ground_request(request: ChatRequest, ocr_text: str) -> ChatRequest:
 
 
 class OcrGroundedEngine(Engine):
-    """Reads each request's images, adds the text to the system message, delegates to `inner`."""
+    """Reads each request's images, adds the text to the system message, delegates to `inner`.
 
-    def __init__(self, inner: Engine, reader: OcrReader | None = None, max_chars: int = MAX_GROUNDING_CHARS):
+    `prepare` runs on the worker's preprocessing threads, several at once: the one OCR reader it shares keeps the
+    previous frame and its lines (it re-reads only what changed), so its reads take turns (OcrReader.read's lock),
+    and each request's prompt carries its own frame's lines only."""
+
+    def __init__(self, inner: Engine, reader: OcrReader | None = None, max_chars: int = MAX_GROUNDING_CHARS,
+                 options: EngineOptions = EngineOptions()):
         self.inner = inner
         self.reader = reader or OcrReader()
         self.max_chars = max_chars
+        self.image_limits = options.image_limits
 
     @property
     def kind(self) -> str:          # the app reports the model's engine, not the helper
@@ -85,15 +90,16 @@ class OcrGroundedEngine(Engine):
     def stats(self) -> EngineStats:   # the model engine empties the CUDA cache and holds the frame KV
         return self.inner.stats()
 
-    def complete(self, request: ChatRequest, images: list["Image"]) -> Completion:
-        return run_one(self, self.prepare(request, images))
-
-    def prepare(self, request: ChatRequest, images: list["Image"]) -> Prepared:
-        """Reads the images (on a preprocessing thread) and prepares the grounded request for the inner engine."""
+    def prepare(self, request: ChatRequest, cancelled: threading.Event | None = None) -> Prepared:
+        """Reads the images (on a preprocessing thread) and prepares the grounded request for the inner engine,
+        which decodes the images again for itself (its own way: its preprocessing processes, where it has some)."""
+        cancelled = cancelled if cancelled is not None else threading.Event()
+        images = self.decode_images(request, cancelled)
         lines = [line for image in images for line in self.reader.read(image).lines]
         text = grounding_text(lines, self.max_chars)
-        facts = {"num_lines": len(lines), "num_chars": len(text)}
-        return Prepared(request, images, (self.inner.prepare(ground_request(request, text), images), facts))
+        inner = self.inner.prepare(ground_request(request, text), cancelled)
+        return Prepared(request, images, (inner, OcrGrounding(num_lines=len(lines), num_chars=len(text))),
+                        cancelled=cancelled)
 
     def run_batch(self, items: Sequence[Prepared], on_done: OnDone, take_more: TakeMoreItems | None = None) -> None:
         """The inner engine answers the grounded requests, with each attempt's sampling (retries change it);
@@ -103,7 +109,7 @@ class OcrGroundedEngine(Engine):
         def inner_items(batch: Sequence[Prepared]) -> list[Prepared]:
             return [dataclasses.replace(inner, request=dataclasses.replace(inner.request,
                                                                            sampling=item.request.sampling),
-                                        cancelled=item.cancelled)
+                                        cancelled=item.cancelled, on_text=item.on_text)
                     for item in batch for inner, _ in [item.inputs]]
 
         def more(num_live: int) -> list[Prepared]:
@@ -113,7 +119,7 @@ class OcrGroundedEngine(Engine):
 
         def done(index: int, outcome) -> None:
             if isinstance(outcome, Completion):
-                outcome.extra = {**outcome.extra, "ocr_grounding": handed[index].inputs[1]}
+                outcome.facts.ocr_grounding = handed[index].inputs[1]
             on_done(index, outcome)
         self.inner.run_batch(inner_items(items), done, None if take_more is None else more)
 
@@ -125,8 +131,9 @@ class OcrGroundedEngine(Engine):
         self.inner.close()
 
 
-def with_ocr_grounding(engine: Engine, reader: OcrReader | None = None) -> Engine:
+def with_ocr_grounding(engine: Engine, options: EngineOptions = EngineOptions(),
+                       reader: OcrReader | None = None) -> Engine:
     """`engine`, with the OCR text of each request's images in its system message (OCR models loaded now)."""
-    grounded = OcrGroundedEngine(engine, reader)
+    grounded = OcrGroundedEngine(engine, reader, options=options)
     grounded.reader.load()
     return grounded

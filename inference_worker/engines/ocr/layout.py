@@ -5,10 +5,13 @@ Each rule reads structure: a calculator is a keypad grid of digits; a clock is o
 cell grid with its column letters or row numbers; a terminal has a shell prompt, or shows a shell session (a
 traceback, `ls` rows, loose prompts) in a monospace grid (`monospace`) or light text on a dark screen, dark or light
 theme alike, and source code alone on a grid is a code editor's; a code editor has indented code lines; a form has
-labels with empty input boxes beside them; a list or inbox has rows aligned in columns; a dialog is a short block of
-text with a row of short buttons right under it, and its flavour (error, warning, question) comes from its title,
-its icon's colour and its wording together. The program's class (WM_CLASS, from the facts) only decides when the
-pixels cannot (an analog clock).
+labels with empty input boxes beside them (in its own pixels: not where a window in front covers it); a list or inbox
+has rows aligned in columns; a dialog is a short block of text with a row of short buttons right under it, and its
+flavour (error, warning, question) comes from its title, its icon's colour and its wording together. Light text on a
+dark screen with no shell in it is a terminal only when none of those layouts explains it (a dark theme's form is a
+form). The program's class (WM_CLASS, from the facts) only decides when the
+pixels cannot (an analog clock). The measures the rules read (rows, aligned columns, input boxes) are in
+`geometry`.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from typing import Sequence
 
 import numpy as np
 
-from inference_worker.engines.ocr.concepts import ERROR_TERMS, WARNING_TERMS, clean, term_in
+from inference_worker.engines.ocr.concepts import clean, term_in
+from inference_worker.engines.ocr.geometry import (clusters, field_right_of, grid_columns, has_column_letters,
+                                                   has_row_numbers, is_dark_behind_text, is_label)
 from inference_worker.engines.ocr.monospace import Grid, is_proportional, monospace_grid
 from inference_worker.engines.ocr.reader import OcrLine
+from inference_worker.engines.ocr.vocabulary import ERROR_TERMS, WARNING_TERMS
 from inference_worker.engines.ocr.windows import WindowView
 
 
@@ -93,6 +99,8 @@ def classify(view: WindowView, bgr: np.ndarray) -> Kind | None:
     dialog = _dialog(lines, view, bgr)
     if dialog is not None:
         return KINDS[dialog]
+    if _dark_session(lines, view, bgr):
+        return KINDS["terminal"]
     app_kind = kind_of_app(view.app)
     if app_kind is not None:
         return KINDS[app_kind]
@@ -112,8 +120,8 @@ def _calculator(lines, view, bgr) -> str | None:
     digits = [ln for ln in lines if DIGIT_KEY.match(clean(ln.text))]
     if len({clean(ln.text) for ln in digits}) < 7:
         return None
-    columns = _clusters([ln.center[0] for ln in digits], tolerance=8)
-    rows = _clusters([ln.center[1] for ln in digits], tolerance=8)
+    columns = clusters([ln.center[0] for ln in digits], tolerance=8)
+    rows = clusters([ln.center[1] for ln in digits], tolerance=8)
     if len([c for c in columns if c >= 2]) >= 3 and len([r for r in rows if r >= 2]) >= 3:
         return "calculator"
     return None
@@ -129,16 +137,16 @@ def _clock(lines, view, bgr) -> str | None:
 
 def _spreadsheet(lines, view, bgr) -> str | None:
     """A cell grid with its headers: column letters in order along one row, or row numbers down one column."""
-    letters, numbers = _has_column_letters(lines), _has_row_numbers(lines)
+    letters, numbers = has_column_letters(lines), has_row_numbers(lines)
     if letters and numbers:
         return "spreadsheet"                   # the sheet's own frame, even with no figures in it yet
-    if _grid_columns(lines, min_rows=3, numeric=True) < 2:
+    if grid_columns(lines, min_rows=3, numeric=True) < 2:
         return None
     return "spreadsheet" if letters or numbers else None
 
 
 def _table(lines, view, bgr) -> str | None:
-    return "table" if _grid_columns(lines, min_rows=3, numeric=True) >= 3 else None
+    return "table" if grid_columns(lines, min_rows=3, numeric=True) >= 3 else None
 
 
 def _terminal(lines, view, bgr) -> str | None:
@@ -151,7 +159,7 @@ def _terminal(lines, view, bgr) -> str | None:
     if kind_of_app(view.app) not in (None, "terminal"):
         return None
     grid = monospace_grid(lines, bgr)
-    dark = len(lines) >= 3 and _is_dark_behind_text(bgr, lines)
+    dark = len(lines) >= 3 and is_dark_behind_text(bgr, lines)
     if grid is None and not dark:
         return None
     texts = [clean(ln.text) for ln in lines]
@@ -160,9 +168,13 @@ def _terminal(lines, view, bgr) -> str | None:
         return "terminal"
     if _code_editor(lines, view, bgr) is not None:
         return None                         # source code on a grid: an editor, unless a shell is seen above
-    if _prompts_at_margin(lines, grid, "#>") >= 2 or dark:
-        return "terminal"
-    return None
+    return "terminal" if _prompts_at_margin(lines, grid, "#>") >= 2 else None
+
+
+def _dark_session(lines, view, bgr) -> bool:
+    """Light text on a dark screen that no layout explains (no form, list, table or dialog: a dark theme draws
+    those light on dark too) and no program class names otherwise: what is left of a terminal's session."""
+    return kind_of_app(view.app) in (None, "terminal") and len(lines) >= 3 and is_dark_behind_text(bgr, lines)
 
 
 def _prompts_at_margin(lines: Sequence[OcrLine], grid: Grid | None, marks: str) -> int:
@@ -186,20 +198,20 @@ def _is_command(text: str) -> bool:
 
 def _code_editor(lines, view, bgr) -> str | None:
     code = [ln for ln in lines if CODE_LINE.search(clean(ln.text))]
-    indents = _clusters([ln.box[0] for ln in code], tolerance=6)
+    indents = clusters([ln.box[0] for ln in code], tolerance=6)
     return "code editor" if len(code) >= 3 and len(indents) >= 2 else None
 
 
 def _form(lines, view, bgr) -> str | None:
-    if _has_row_numbers(lines) or _has_column_letters(lines):
+    if has_row_numbers(lines) or has_column_letters(lines):
         return None                            # a sheet's cells are boxes beside words too
-    labels = [ln for ln in lines if _is_label(ln, lines, view) and _field_right_of(ln, bgr, view)]
-    lefts = _clusters([ln.box[0] for ln in labels], tolerance=12)
+    labels = [ln for ln in lines if is_label(ln, lines, view) and field_right_of(ln, bgr, view)]
+    lefts = clusters([ln.box[0] for ln in labels], tolerance=12)
     return "form" if labels and max(lefts) >= 2 else None
 
 
 def _list(lines, view, bgr) -> str | None:
-    if _grid_columns(lines, min_rows=3, numeric=False) < 2:
+    if grid_columns(lines, min_rows=3, numeric=False) < 2:
         return None
     times = sum(1 for ln in lines if TIME_TEXT.search(clean(ln.text)) or _is_day_word(clean(ln.text)))
     mail = sum(1 for ln in lines if re.match(r"(?i)^(from|subject|sender|received|to|date)\b", clean(ln.text)))
@@ -273,7 +285,7 @@ def icon_hue(bgr: np.ndarray, view: WindowView, text: Sequence[OcrLine]) -> str 
     return best if counts[best] >= 0.4 * int(vivid.sum()) else None
 
 
-# -------------------------------------------------------------------- layout measures
+# -------------------------------------------------------------------- the button row
 
 def _button_row(lines: Sequence[OcrLine], view: WindowView) -> list[OcrLine]:
     """The lowest row of short labels in the window's lower part, nothing under it: its buttons (left to right)."""
@@ -298,139 +310,5 @@ def _is_short_label(line: OcrLine) -> bool:
         and not text.replace(".", "").isdigit()
 
 
-def _is_label(line: OcrLine, lines: Sequence[OcrLine], view: WindowView) -> bool:
-    """A short caption with nothing read to its right on its row."""
-    text = clean(line.text)
-    if not 2 <= len(text) <= 24 or len(text.split()) > 3 or re.fullmatch(r"[\d\s:/.-]+", text):
-        return False
-    return not any(o is not line and abs(o.center[1] - line.center[1]) < line.height / 2 and o.box[0] > line.box[2]
-                   for o in lines)
-
-
-def _field_right_of(line: OcrLine, bgr: np.ndarray, view: WindowView) -> bool:
-    """An input box right of a label: at several columns, a drawn edge just above and just below the label's row."""
-    height = bgr.shape[0]
-    y = int(line.center[1])
-    reach = int(line.height * 0.5 + 14)
-    found = 0
-    for dx in (30, 70, 110):
-        x = line.box[2] + dx
-        if x >= min(view.box[2], bgr.shape[1]):
-            break
-        column = bgr[max(0, y - reach):min(height, y + reach), x].astype(int)
-        steps = np.abs(np.diff(column, axis=0)).max(axis=1)
-        above, below = steps[:len(steps) // 2], steps[len(steps) // 2:]
-        if above.size and below.size and above.max() > 24 and below.max() > 24:
-            found += 1
-    return found >= 2
-
-
-def _grid_columns(lines: Sequence[OcrLine], *, min_rows: int, numeric: bool) -> int:
-    """How many columns of cells line up (left or right edges within a few px) over `min_rows` rows or more;
-    with `numeric`, only columns whose cells are mostly numbers count."""
-    cells = [ln for ln in lines if len(clean(ln.text)) <= 40]
-    if numeric:
-        cells = [ln for ln in cells if _is_number(clean(ln.text))]
-    counts = []
-    for edge in (0, 2):                       # left-aligned (text) or right-aligned (numbers) columns
-        groups = _edge_groups(cells, edge)
-        counts.append(sum(1 for g in groups if len(_clusters([ln.center[1] for ln in g], tolerance=4)) >= min_rows))
-    return max(counts)
-
-
-def _edge_groups(cells: Sequence[OcrLine], edge: int) -> list[list[OcrLine]]:
-    groups: list[list[OcrLine]] = []
-    for cell in sorted(cells, key=lambda ln: ln.box[edge]):
-        if groups and cell.box[edge] - groups[-1][-1].box[edge] <= 6:
-            groups[-1].append(cell)
-        else:
-            groups.append([cell])
-    return groups
-
-
-def _has_column_letters(lines: Sequence[OcrLine]) -> bool:
-    """A row of 4+ single letters in alphabetical order at a steady pitch (A B C D ..., some may be hidden
-    behind another window: the pitch per letter still holds)."""
-    letters = [ln for ln in lines if re.fullmatch(r"[A-Za-z]", clean(ln.text))]
-    for row in rows_of(letters):
-        row = sorted(row, key=lambda ln: ln.box[0])
-        codes = [ord(clean(ln.text).upper()) for ln in row]
-        for start in range(len(row)):
-            if _steady_letters(row[start:], codes[start:]) >= 4:
-                return True
-    return False
-
-
-def _steady_letters(row: Sequence[OcrLine], codes: Sequence[int]) -> int:
-    """How many of the letters, from the first, go up the alphabet at one x pitch per letter (within 20%)."""
-    count, pitch = 1, None
-    for i in range(1, len(row)):
-        step = codes[i] - codes[i - 1]
-        if step <= 0:
-            break
-        per_letter = (row[i].center[0] - row[i - 1].center[0]) / step
-        if pitch is None:
-            pitch = per_letter
-        elif not 0.8 * pitch <= per_letter <= 1.2 * pitch:
-            break
-        count += 1
-    return count
-
-
-def _has_row_numbers(lines: Sequence[OcrLine]) -> bool:
-    numbers = [ln for ln in lines if re.fullmatch(r"\d{1,4}", clean(ln.text))]
-    for column in _edge_groups(numbers, 2):
-        values = [int(clean(ln.text)) for ln in sorted(column, key=lambda ln: ln.center[1])]
-        if max((_run_length(values[i:]) for i in range(len(values))), default=0) >= 5:
-            return True
-    return False
-
-
-def _run_length(values: Sequence[int]) -> int:
-    """How many values from the first go up by one each."""
-    length = 1 if values else 0
-    while length < len(values) and values[length] == values[length - 1] + 1:
-        length += 1
-    return length
-
-
-def rows_of(lines: Sequence[OcrLine]) -> list[list[OcrLine]]:
-    """Lines grouped into rows (vertical centres within half a line height), top to bottom."""
-    rows: list[list[OcrLine]] = []
-    for line in sorted(lines, key=lambda ln: ln.center[1]):
-        if rows and abs(line.center[1] - rows[-1][0].center[1]) <= max(4, line.height / 2):
-            rows[-1].append(line)
-        else:
-            rows.append([line])
-    return rows
-
-
-def _clusters(values: Sequence[float], tolerance: float) -> list[int]:
-    """Sizes of groups of values that lie within `tolerance` of their neighbour ([0] when there are none)."""
-    sizes: list[int] = []
-    last = None
-    for value in sorted(values):
-        if last is not None and value - last <= tolerance:
-            sizes[-1] += 1
-        else:
-            sizes.append(1)
-        last = value
-    return sizes or [0]
-
-
-def _is_number(text: str) -> bool:
-    return bool(re.fullmatch(r"[-+(]?[$€£¥]?\d[\d,. ]*%?\)?", text))
-
-
 def _is_day_word(text: str) -> bool:
     return bool(re.fullmatch(r"(?i)(yesterday|today|mon|tue|wed|thu|fri|sat|sun)\w*|昨天|今天|周[一二三四五六日]", text))
-
-
-def _is_dark_behind_text(bgr: np.ndarray, lines: Sequence[OcrLine]) -> bool:
-    """Whether most of the text is light on dark: the lines' boxes' edges (their background) are dark."""
-    dark = 0
-    for line in lines:
-        left, top, right, bottom = line.box
-        edges = np.concatenate([bgr[top, left:right], bgr[min(bottom, bgr.shape[0]) - 1, left:right]])
-        dark += edges.size > 0 and float(np.median(edges.mean(axis=1))) < 80
-    return dark >= 0.6 * len(lines)

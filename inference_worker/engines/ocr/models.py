@@ -133,12 +133,13 @@ def resolved_threads(num_threads: int) -> int:
     return min(num_threads, cpus) if num_threads else cpus
 
 
-def rec_input(crop: np.ndarray, height_px: int) -> np.ndarray:
-    """The recogniser's input for one crop: `height_px` high, its aspect kept, normalised to -1..1, 1x3xHxW."""
+def rec_input(crop: np.ndarray, height_px: int, stretch: float = 1.0) -> np.ndarray:
+    """The recogniser's input for one crop: `height_px` high, its aspect kept (its width times `stretch`: more
+    frames per glyph, glyphs.py), normalised to -1..1, 1x3xHxW."""
     import cv2
 
     crop_h, crop_w = crop.shape[:2]
-    width_px = max(height_px // 2, int(math.ceil(height_px * crop_w / max(1, crop_h))))
+    width_px = max(height_px // 2, int(math.ceil(stretch * height_px * crop_w / max(1, crop_h))))
     x = cv2.resize(crop, (width_px, height_px)).astype(np.float32).transpose(2, 0, 1)
     return ((x / 255.0 - 0.5) / 0.5)[np.newaxis]
 

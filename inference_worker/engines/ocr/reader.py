@@ -3,13 +3,18 @@
 The models are the PP-OCRv4 detector and recogniser shipped inside the rapidocr-onnxruntime wheel
 (models.py): nothing is downloaded, ever. They load on the first read (or `load`), not at import. The reader keeps the
 previous frame and its lines; when a new frame of the same size differs only in a few regions, only
-those regions are detected and recognised again and every other line is kept. One thread (the
-worker's model thread) owns a reader: it is not thread-safe.
+those regions are detected and recognised again and every other line is kept.
+
+That memory (previous frame, its lines, recognised crops) is state, so reads take turns (one lock): a read diffs
+against the frame last read and keeps that frame's lines only, whatever thread reads (the OCR-grounded engine reads
+on several preprocessing threads). Two full reads of 1600 px text frames on 2 cores: 1.28 s in turn on one reader,
+1.71 s side by side on two (each read runs its own threads), and a second reader holds +192 MiB of models.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,13 +22,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from inference_worker.engines.ocr.glyphs import (TRAINED_HEIGHT_PX, better_reading, glyph_count, lost_glyphs,
+                                                 stretch_for)
 from inference_worker.engines.ocr.models import (DET_STRIDE, Models, detect_quads, load_models, pad_for_detector,
                                                  rec_input, resolved_threads)
+from inference_worker.engines.ocr.regions import (OcrLine, Rect, changed_regions, contains, frame_diff, grow, quad_center,
+                                                  quad_rect, whole)
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-Rect = tuple[int, int, int, int]   # left, top, right, bottom in frame pixels (right/bottom exclusive)
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,8 @@ class OcrConfig:
     #: 960 halves a full-HD frame and its boxes get too loose for 36 px recognition (benchmarks/ocr_latency.py)
     det_max_side_px: int = 1280
     #: line crops are scaled to this height for recognition; the model was trained at 48 px, and 36 px
-    #: reads screen text as well (see benchmarks/ocr_latency.py) for ~45% less recognition time
+    #: reads screen text as well (see benchmarks/ocr_latency.py) for ~45% less recognition time, except that a small
+    #: font's repeated glyphs can merge there ("22000" -> "2000"): such a line is read again (glyphs.py)
     rec_height_px: int = 36
     #: lines recognised with a lower mean confidence are dropped
     min_score: float = 0.5
@@ -79,21 +88,6 @@ class OcrConfig:
 
 
 @dataclass(frozen=True)
-class OcrLine:
-    text: str
-    box: Rect
-    score: float
-
-    @property
-    def height(self) -> int:
-        return self.box[3] - self.box[1]
-
-    @property
-    def center(self) -> tuple[float, float]:
-        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
-
-
-@dataclass(frozen=True)
 class ReadResult:
     lines: tuple[OcrLine, ...]     # reading order: top to bottom, left to right within a row
     regions: tuple[Rect, ...]      # what was detected and recognised this time (the whole frame on a full read)
@@ -124,6 +118,7 @@ class OcrReader:
         self.num_rec_cache_hits = 0
         self.load_s: float | None = None            # how long the last load took, its warm-up reads included
         self.warm_up_result: ReadResult | None = None    # what the last warm-up read (for the engine's warm-up)
+        self._lock = threading.RLock()              # one read (or load, reset, close) at a time: see the docstring
 
     @property
     def is_loaded(self) -> bool:
@@ -133,6 +128,10 @@ class OcrReader:
         """Load the detection and recognition models (from the wheel; no network) and, with `warm_up`, read a
         synthetic frame (`OcrConfig.warm_up_frame_px`) twice. Idempotent. A read loads them itself, without the
         warm-up (it is the first read already)."""
+        with self._lock:
+            self._load(warm_up)
+
+    def _load(self, warm_up: bool) -> None:
         if self._ocr is None:
             started = time.perf_counter()
             self._ocr = load_models(self.config.num_threads, simplify=self.config.simplify_models)
@@ -154,29 +153,37 @@ class OcrReader:
 
     def reset(self) -> None:
         """Forget the previous frame: the next read is a full read."""
-        self._last_frame, self._last_lines = None, ()
+        with self._lock:
+            self._last_frame, self._last_lines = None, ()
 
     def clear_cache(self) -> None:
         """Forget recognised crops too: the next read recognises every line (the benchmarks' worst case)."""
-        self.reset()
-        self._rec_cache.clear()
+        with self._lock:
+            self.reset()
+            self._rec_cache.clear()
 
     def close(self) -> None:
         """Forget the previous frame and the cache, and free the models (a later read loads them again)."""
-        self.clear_cache()
-        if self._rec_pool is not None:
-            self._rec_pool.shutdown(wait=True, cancel_futures=True)
-        self._ocr, self._rec_pool = None, None
+        with self._lock:
+            self.clear_cache()
+            if self._rec_pool is not None:
+                self._rec_pool.shutdown(wait=True, cancel_futures=True)
+            self._ocr, self._rec_pool = None, None
 
     def read(self, frame: "Image | np.ndarray") -> ReadResult:
-        """Lines of `frame` (PIL image, or HxWx3 BGR uint8 array), re-reading only what changed."""
+        """Lines of `frame` (PIL image, or HxWx3 BGR uint8 array), re-reading only what changed. Any thread;
+        reads take turns (`read_s` counts this read's own time, not its wait)."""
+        with self._lock:
+            return self._read(frame)
+
+    def _read(self, frame: "Image | np.ndarray") -> ReadResult:
         started = time.perf_counter()
         bgr = to_bgr(frame)
         regions = self._changed_regions(bgr)
         if regions is None:
-            lines, regions, is_full = self._read_regions(bgr, [_whole(bgr)]), (_whole(bgr),), True
+            lines, regions, is_full = self._read_regions(bgr, [whole(bgr)]), (whole(bgr),), True
         else:
-            kept = [ln for ln in self._last_lines if not any(_contains(r, ln.center) for r in regions)]
+            kept = [ln for ln in self._last_lines if not any(contains(r, ln.center) for r in regions)]
             lines, is_full = kept + self._read_regions(bgr, regions), False
         self._last_frame, self._last_lines = bgr, tuple(reading_order(lines))
         return ReadResult(self._last_lines, tuple(regions), is_full, (bgr.shape[1], bgr.shape[0]),
@@ -184,8 +191,9 @@ class OcrReader:
 
     def read_full(self, frame: "Image | np.ndarray") -> ReadResult:
         """Read the whole frame, ignoring the previous one (and remember it for the next `read`)."""
-        self.reset()
-        return self.read(frame)
+        with self._lock:
+            self.reset()
+            return self.read(frame)
 
     # ---------------------------------------------------------------- change detection
 
@@ -204,12 +212,12 @@ class OcrReader:
     # ---------------------------------------------------------------- detection + recognition
 
     def _read_regions(self, bgr: np.ndarray, regions: list[Rect]) -> list[OcrLine]:
-        self.load(warm_up=False)
+        self._load(warm_up=False)
         small, scale = _fit(bgr, self.config.det_max_side_px)
         lines: list[OcrLine] = []
         for region in regions:
-            quads = self._detect(small, scale, _grow(region, self.config.margin_px))
-            quads = [q for q in quads if _contains(region, _quad_center(q))]
+            quads = self._detect(small, scale, grow(region, self.config.margin_px))
+            quads = [q for q in quads if contains(region, quad_center(q))]
             lines.extend(self._recognize(bgr, quads))
         return lines
 
@@ -242,7 +250,7 @@ class OcrReader:
         returns before `read` does, so the model is only ever in use during a read."""
         if not quads:
             return []
-        rects = [_quad_rect(quad) for quad in quads]
+        rects = [quad_rect(quad) for quad in quads]
         keys = [_text_key(bgr, rect) for rect in rects]
         known = {key: self._rec_cache[key] for key in keys if key in self._rec_cache}
         todo: dict[bytes, int] = {}                   # key -> the first crop with it: a repeated crop is read once
@@ -264,10 +272,18 @@ class OcrReader:
 
     def _recognize_one(self, bgr: np.ndarray, quad: np.ndarray) -> tuple[str, float]:
         """(text, mean confidence) of one quad's crop; runs on a recognition thread (onnxruntime and OpenCV let
-        go of the GIL while they compute)."""
+        go of the GIL while they compute). A reading that left out glyphs the crop shows is read again with more
+        frames per glyph (glyphs.py: "22000" read as "2000")."""
         crop = self._ocr.crop(bgr, quad)
-        preds = self._ocr.recognize(rec_input(crop, self.config.rec_height_px))
-        text, score = self._ocr.rec_decode(preds)[0][:2]
+        reading = self._recognize_crop(crop, self.config.rec_height_px)
+        glyphs = glyph_count(crop) if reading[0] else 0
+        if lost_glyphs(reading[0], glyphs):
+            again = self._recognize_crop(crop, TRAINED_HEIGHT_PX, stretch_for(glyphs, crop.shape))
+            reading = better_reading(reading, again, glyphs)
+        return reading
+
+    def _recognize_crop(self, crop: np.ndarray, height_px: int, stretch: float = 1.0) -> tuple[str, float]:
+        text, score = self._ocr.rec_decode(self._ocr.recognize(rec_input(crop, height_px, stretch)))[0][:2]
         return text.strip(), round(float(score), 4)
 
     def _remember(self, key: bytes, result: tuple[str, float]) -> None:
@@ -308,59 +324,6 @@ def to_bgr(frame: "Image | np.ndarray") -> np.ndarray:
     return np.ascontiguousarray(rgb[:, :, ::-1])
 
 
-def frame_diff(prev: np.ndarray, frame: np.ndarray) -> np.ndarray:
-    """|prev - frame| per channel, as an H x (W*3) uint8 array (rows stay contiguous: reductions are fast)."""
-    import cv2  # ships with rapidocr-onnxruntime (opencv-python); imported lazily like the models
-
-    return cv2.absdiff(prev, frame).reshape(frame.shape[0], -1)
-
-
-def changed_regions(diff: np.ndarray, threshold: int, old_lines: tuple[OcrLine, ...] | list[OcrLine],
-                    margin_px: int) -> list[Rect]:
-    """Rectangles to re-read: each run of changed rows, spanning its changed columns, grown to cover
-    the old lines it touches (a partly changed line is re-read whole); overlapping ones merged.
-    A pixel changed when some channel moved by more than `threshold`."""
-    rows = np.flatnonzero(diff.max(axis=1) > threshold)
-    if rows.size == 0:
-        return []
-    regions = []
-    for top, bottom in _runs(rows, gap=margin_px):
-        band = diff[top:bottom].max(axis=0).reshape(-1, 3).max(axis=1)
-        cols = np.flatnonzero(band > threshold)
-        regions.append((int(cols[0]), int(top), int(cols[-1]) + 1, int(bottom)))
-    return _cover_lines(regions, old_lines, margin_px)
-
-
-def _runs(indices: np.ndarray, gap: int) -> list[tuple[int, int]]:
-    """[start, stop) runs of sorted indices, joining runs separated by at most `gap`."""
-    breaks = np.flatnonzero(np.diff(indices) > gap + 1)
-    starts = np.concatenate(([indices[0]], indices[breaks + 1]))
-    stops = np.concatenate((indices[breaks], [indices[-1]])) + 1
-    return list(zip(starts.tolist(), stops.tolist()))
-
-
-def _cover_lines(regions: list[Rect], lines, margin_px: int) -> list[Rect]:
-    """Grow regions until no old line straddles a region's edge, merging regions that come to touch."""
-    while True:
-        grown = [_union([r] + [ln.box for ln in lines if _overlaps(r, ln.box)]) for r in regions]
-        merged = _merge_overlapping(grown, margin_px)
-        if merged == regions:
-            return regions
-        regions = merged
-
-
-def _merge_overlapping(regions: list[Rect], margin_px: int) -> list[Rect]:
-    merged: list[Rect] = []
-    for region in sorted(regions, key=lambda r: (r[1], r[0])):
-        for i, other in enumerate(merged):
-            if _overlaps(_grow(region, margin_px), other):
-                merged[i] = _union([region, other])
-                break
-        else:
-            merged.append(region)
-    return merged if len(merged) == len(regions) else _merge_overlapping(merged, margin_px)
-
-
 def reading_order(lines: list[OcrLine]) -> list[OcrLine]:
     """Top to bottom; lines whose vertical centres are within half a line height form a row, read left to right."""
     rows: list[list[OcrLine]] = []
@@ -398,35 +361,3 @@ def _fit(image: np.ndarray, max_side_px: int) -> tuple[np.ndarray, float]:
         return image, 1.0
     size = (max(1, round(image.shape[1] * scale)), max(1, round(image.shape[0] * scale)))
     return cv2.resize(image, size, interpolation=cv2.INTER_AREA), scale
-
-
-def _whole(bgr: np.ndarray) -> Rect:
-    return 0, 0, bgr.shape[1], bgr.shape[0]
-
-
-def _grow(rect: Rect, by_px: int, shape: tuple[int, ...] | None = None) -> Rect:
-    left, top, right, bottom = rect[0] - by_px, rect[1] - by_px, rect[2] + by_px, rect[3] + by_px
-    if shape is None:
-        return left, top, right, bottom
-    return max(0, left), max(0, top), min(shape[1], right), min(shape[0], bottom)
-
-
-def _union(rects: list[Rect]) -> Rect:
-    return (min(r[0] for r in rects), min(r[1] for r in rects), max(r[2] for r in rects), max(r[3] for r in rects))
-
-
-def _overlaps(a: Rect, b: Rect) -> bool:
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def _contains(rect: Rect, point: tuple[float, float]) -> bool:
-    return rect[0] <= point[0] < rect[2] and rect[1] <= point[1] < rect[3]
-
-
-def _quad_center(quad: np.ndarray) -> tuple[float, float]:
-    return float(quad[:, 0].mean()), float(quad[:, 1].mean())
-
-
-def _quad_rect(quad: np.ndarray) -> Rect:
-    return (int(math.floor(quad[:, 0].min())), int(math.floor(quad[:, 1].min())),
-            int(math.ceil(quad[:, 0].max())) + 1, int(math.ceil(quad[:, 1].max())) + 1)

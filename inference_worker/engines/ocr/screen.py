@@ -9,7 +9,7 @@ traceback — but never contradict it: a word inside a document does not make it
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -17,7 +17,8 @@ import numpy as np
 from inference_worker.engines.ocr.concepts import (ENTITY_KINDS, ConceptMatch, Entity, ScreenDescription, bounded,
                                                    clean, compose_summary, describe, extract_entities,
                                                    match_concepts, salient_order, title_index)
-from inference_worker.engines.ocr.layout import Kind, button_row, classify, rows_of
+from inference_worker.engines.ocr.geometry import rows_of
+from inference_worker.engines.ocr.layout import Kind, button_row, classify
 from inference_worker.engines.ocr.reader import OcrLine
 from inference_worker.engines.ocr.windows import WindowView
 from inference_worker.protocol import MAX_KEY_OBJECTS, OBJECT_MAX_CHARS, SUMMARY_MAX_CHARS
@@ -28,7 +29,7 @@ LAYOUT_ONLY = frozenset({"error dialog", "warning dialog", "dialog", "login form
 #: content concepts that name a window more precisely than its layout kind does
 REFINES = {
     "terminal": {"python traceback"},
-    "dialog": {"meeting reminder", "low battery", "update", "download", "notification", "login form"},
+    "dialog": {"meeting reminder", "low battery", "update", "download", "notification"},
     "error dialog": {"python traceback"},
     "form": {"login form", "shopping", "settings"},
     "list": {"email inbox", "chat", "file manager", "search results", "calendar", "notification", "media player"},
@@ -79,7 +80,7 @@ def describe_screen(views: Sequence[WindowView], bgr: np.ndarray, frame_height: 
 
 def tell(view: WindowView, bgr: np.ndarray, frame_height: int) -> ToldWindow:
     lines = faithful_lines(view.lines, bgr)
-    kind = classify(WindowView(view.box, view.title, view.app, lines, view.is_foreground, view.source), bgr)
+    kind = classify(replace(view, lines=lines), bgr)
     described, quotes = describe_window(lines, kind, view.title, frame_height)
     return ToldWindow(view, kind, described, lines, quotes)
 
@@ -181,7 +182,10 @@ def _ink_fraction(line: OcrLine, bgr: np.ndarray) -> float:
 # -------------------------------------------------------------------- key objects
 
 def _allowed(matches: Sequence[ConceptMatch], kind: Kind | None) -> list[ConceptMatch]:
-    """Concepts the words may claim: layout-only ones only when the layout found that kind (or refines it)."""
+    """Concepts the words may claim: layout-only ones only when the layout found that kind (or refines it), and
+    those that need a layout (Concept.layout) only in it, even when the layout says nothing."""
+    found = kind.label if kind is not None else None
+    matches = [m for m in matches if m.concept.layout in (None, found)]
     if kind is None:
         return list(matches)                          # the layout says nothing: the words do their best
     allowed = _refinements(kind) | {kind.label}

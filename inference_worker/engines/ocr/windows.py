@@ -25,6 +25,7 @@ EDGE_STEP = 24
 SAME_COLOUR = 12
 MIN_BAR_WIDTH_PX = 120
 MAX_BAR_HEIGHT_PX = 48
+BOX_OVERRUN_PX = 8            # how much taller than its bar a title's box may be (a CJK title's overruns ~4 px a side)
 MAX_BAR_GAP_PX = 48           # buttons and icons interrupt a title bar for at most this long
 SIDE_EDGE_PX = 24             # rows under a title bar's end that must continue its side edge
 END_ZONE_PX = 64              # where a title bar's buttons or icon sit, from either end
@@ -40,6 +41,11 @@ class WindowView:
     is_foreground: bool = False
     source: str = "pixels"             # "facts", "pixels", or "screen" (no window found)
     bar_chroma: float = 0.0
+    covered: tuple[Rect, ...] = ()     # the frames of windows in front of it: what shows there is theirs
+
+    def is_covered(self, x: float, y: float) -> bool:
+        """Whether a window in front shows at (x, y): the pixels there say nothing about this window."""
+        return any(_holds(rect, (x, y)) for rect in self.covered)
 
     @property
     def width(self) -> int:
@@ -62,9 +68,9 @@ def segment(lines: Sequence[OcrLine], bgr: np.ndarray, facts: Sequence[WindowFac
 
 def _from_facts(lines: Sequence[OcrLine], bgr: np.ndarray, facts: Sequence[WindowFact]) -> list[WindowView]:
     height, width = bgr.shape[:2]
-    views = [WindowView(_clip(f.box, width, height), f.title or None, f.app, source="facts", is_foreground=f.focused)
-             for f in facts]
     frames = [_clip(f.frame, width, height) for f in facts]
+    views = [WindowView(_clip(f.box, width, height), f.title or None, f.app, source="facts", is_foreground=f.focused,
+                        covered=_in_front(frames[:i], _clip(f.box, width, height))) for i, f in enumerate(facts)]
     rest: list[OcrLine] = []
     for line in lines:
         owner = next((i for i, frame in enumerate(frames) if _holds(frame, line.center)), None)
@@ -95,8 +101,8 @@ def _from_pixels(lines: Sequence[OcrLine], bgr: np.ndarray) -> list[WindowView]:
     if not bars:
         return [WindowView((0, 0, width, height), None, lines=list(lines), source="screen")]
     bars.sort(key=lambda b: (-round(b.chroma / 24), -_nesting_depth(b, bars)))
-    views = [WindowView((b.window[0], b.rect[3], b.window[2], b.window[3]), b.title.text, bar_chroma=b.chroma)
-             for b in bars]
+    views = [WindowView((b.window[0], b.rect[3], b.window[2], b.window[3]), b.title.text, bar_chroma=b.chroma,
+                        covered=_in_front([front.window for front in bars[:i]], b.window)) for i, b in enumerate(bars)]
     rest: list[OcrLine] = []
     for line in lines:
         owner = next((i for i, b in enumerate(bars) if _holds(b.window, line.center)), None)
@@ -131,27 +137,29 @@ def _title_bar_of(line: OcrLine, bgr: np.ndarray) -> TitleBar | None:
     left, top, right, bottom = line.box
     if len(line.text.strip()) < 2 or bottom - top < 8:
         return None
-    rows = slice(top + 3, bottom - 3)
     xl, xr = left - 6, right + 6
-    if xl < 0 or xr >= width or rows.stop - rows.start < 2:
+    if xl < 0 or xr >= width:
+        return None
+    y_center = (top + bottom) // 2
+    first_top, first_bottom = _vertical_run(bgr, xl, y_center, -1), _vertical_run(bgr, xl, y_center, +1)
+    if not (bottom - top) - BOX_OVERRUN_PX <= first_bottom - first_top <= MAX_BAR_HEIGHT_PX:
+        return None                                  # checked first: most lines are not on a bar
+    rows = slice(max(top + 3, first_top + 1), min(bottom - 3, first_bottom - 1))     # the box's rows on the bar
+    if rows.stop - rows.start < 2:
         return None
     profile = bgr[rows, xl].astype(int)
     # the bar's colours continue right of the title, or the box took in the buttons and ends with the bar
     continues = min(_diff(profile, bgr[rows, x]) for x in range(right, min(width, right + 12))) <= SAME_COLOUR
-    y_center = (top + bottom) // 2
-    first_top, first_bottom = _vertical_run(bgr, xl, y_center, -1), _vertical_run(bgr, xl, y_center, +1)
-    if not (bottom - top) - 6 <= first_bottom - first_top <= MAX_BAR_HEIGHT_PX:
-        return None                                  # checked first: most lines are not on a bar
     bar_left = _extent(bgr, rows, profile, xl, -1)
-    bar_right = _extent(bgr, rows, profile, right, +1) if continues else right
+    bar_right = _extent(bgr, rows, profile, right, +1) if continues else _last_same(bgr, rows, profile, right)
     if bar_right - bar_left < max(MIN_BAR_WIDTH_PX, (right - left) + 40):
         return None
     runs = {(_vertical_run(bgr, x, y_center, -1), _vertical_run(bgr, x, y_center, +1))
-            for x in ((xl, xr, bar_left + 2, bar_right - 3) if continues else (xl, bar_left + 2))}
+            for x in ((xl, min(xr, bar_right - 3), bar_left + 2, bar_right - 3) if continues else (xl, bar_left + 2))}
     bar_top, bar_bottom = min(r[0] for r in runs), max(r[1] for r in runs)
     if max(r[0] for r in runs) - bar_top > 2 or bar_bottom - min(r[1] for r in runs) > 2:
         return None                                  # not one band across: text rows, cells, keys
-    if not (bottom - top) - 6 <= bar_bottom - bar_top <= MAX_BAR_HEIGHT_PX or bar_bottom >= height:
+    if not (bottom - top) - BOX_OVERRUN_PX <= bar_bottom - bar_top <= MAX_BAR_HEIGHT_PX or bar_bottom >= height:
         return None
     if not _has_side_edge(bgr, bar_left, bar_right, bar_bottom) or \
             not _has_end_marks(bgr, slice(bar_top + 2, bar_bottom - 2), bar_left, bar_right):
@@ -173,6 +181,15 @@ def _extent(bgr: np.ndarray, rows: slice, profile: np.ndarray, start: int, step:
     gaps = np.flatnonzero(np.diff(hits) > MAX_BAR_GAP_PX + 1)
     reach = int(hits[gaps[0]] if gaps.size else hits[-1]) + 1
     return start - reach if step < 0 else start + reach + 1
+
+
+def _last_same(bgr: np.ndarray, rows: slice, profile: np.ndarray, right: int) -> int:
+    """Where the bar ends inside a box that overran it (the detector took the buttons and a few pixels past the
+    window's edge into one box): one past the last column, within a button zone of `right`, in the bar's colours."""
+    start = max(0, right - END_ZONE_PX)
+    band = bgr[rows, start:right].astype(np.int16)
+    same = np.flatnonzero(np.abs(band - profile[:, None, :]).max(axis=(0, 2)) <= SAME_COLOUR)
+    return start + int(same[-1]) + 1 if same.size else right
 
 
 def _vertical_run(bgr: np.ndarray, x: int, y: int, step: int) -> int:
@@ -239,8 +256,14 @@ def _nesting_depth(bar: TitleBar, bars: Sequence[TitleBar]) -> int:
 
 def _with_rest(views: list[WindowView], rest: list[OcrLine], width: int, height: int) -> list[WindowView]:
     if rest:
-        views.append(WindowView((0, 0, width, height), None, lines=rest, source="screen"))
+        views.append(WindowView((0, 0, width, height), None, lines=rest, source="screen",
+                                covered=tuple(v.box for v in views)))
     return views
+
+
+def _in_front(fronts: Sequence[Rect], box: Rect) -> tuple[Rect, ...]:
+    """The rectangles of the windows in front (`fronts`) that overlap `box`."""
+    return tuple(front for front in fronts if _overlap(front, box))
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> int:

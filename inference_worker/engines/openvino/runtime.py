@@ -15,7 +15,7 @@ from typing import Any
 
 from inference_worker.engines.openvino.ir_folder import EXPORT_HINT, IRFolderError
 
-log = logging.getLogger("deskeye.worker")
+log = logging.getLogger("inference_worker")
 
 KV_CACHE_PRECISIONS = ("u8", "f16", "f32")
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")

@@ -1,0 +1,1 @@
+"""What the user sees and presses: the overlay and Ask box, the tray and its menu, hotkeys, notifications."""
