@@ -216,9 +216,14 @@ def test_a_request_whose_client_went_away_is_not_decoded(small_queue_worker):
 
 
 @pytest.fixture(scope="module")
-def impatient_worker(tiny_idefics3_dir, tmp_path_factory) -> WorkerHandle:
-    """Answers within 1 s or not at all (504), one request at a time, up to 4096 tokens."""
-    args = ["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1",
+def impatient_worker(tmp_path_factory) -> WorkerHandle:
+    """Answers within 1 s or not at all (504), one request at a time, up to 4096 tokens. Its model's context holds
+    8192 tokens: the shared tiny model's 1024 would cap the long answer at ~1,000 tokens, which a fast machine decodes
+    within the second."""
+    from tests.fixtures.tiny_models import build_tiny_idefics3
+    model_dir = build_tiny_idefics3(tmp_path_factory.mktemp("tiny_idefics3_long_context"),
+                                    text_overrides={"max_position_embeddings": 8192})
+    args = ["--engine", "transformers", "--model", str(model_dir), "--threads", "1",
             "--request-timeout-s", "1", "--max-batch-size", "1", "--max-tokens-limit", "4096"]
     with running_worker(args, tmp_path_factory.mktemp("impatient_worker")) as handle:
         yield handle
@@ -226,7 +231,7 @@ def impatient_worker(tiny_idefics3_dir, tmp_path_factory) -> WorkerHandle:
 
 @pytest.mark.slow
 def test_a_timed_out_request_gets_504_stops_decoding_and_frees_the_model(impatient_worker):
-    """A 4096-token answer (greedy on this prompt: ~12 s here) outlives --request-timeout-s 1 while decoding: it gets
+    """A 4096-token answer (greedy on this prompt: 4-12 s on 2 cores) outlives --request-timeout-s 1 while decoding: it gets
     504 and its row is cancelled mid-decode, never retried. A short request queued 0.5 s behind it (max batch size 1)
     is answered: possible only because the cancelled row stopped decoding (else it would wait ~12 s and time out).
     A request cancelled while waiting is shown by test_a_request_whose_client_went_away_is_not_decoded."""
@@ -239,7 +244,7 @@ def test_a_timed_out_request_gets_504_stops_decoding_and_frees_the_model(impatie
         time.sleep(0.5)
         queued = pool.submit(raw_post, worker, {**long_body, "max_tokens": 4})
         (status, _, body), (queued_status, _, queued_body) = decoding.result(), queued.result()
-    assert status == 504 and "--request-timeout-s" in body["error"]["message"], body
+    assert status == 504 and "--request-timeout-s" in body["error"]["message"], (body.get("usage"), body)
     assert queued_status == 200, queued_body
     after = worker.metrics()
     key = "deskeye_worker_cancelled_total{{stage=\"{}\"}}"
