@@ -257,3 +257,16 @@ def test_the_restore_token_is_kept_0600_and_only_a_token_is_kept(tmp_path, caplo
     assert load_token(path) == "5bb1dd9a-1a32-4f66-9aba-792270c6b2ea"
     path.write_text("not a token\n" * 3)
     assert load_token(path) == "" and "does not hold a restore token" in caplog.text
+
+
+def test_a_first_frame_is_waited_for_longer_where_the_compositor_streams_without_a_gpu():
+    """GNOME and KDE stream from memory: a first frame later than 5 s there means a busy machine, and falling back to
+    screenshots would flash GNOME's screen at every grab. xdg-desktop-portal-wlr sends none without a GPU: soon off."""
+    from deskeye.see.portal_screencast import FIRST_FRAME_PATIENT_S, FIRST_FRAME_TIMEOUT_S, first_frame_timeout_s
+
+    assert FIRST_FRAME_PATIENT_S > FIRST_FRAME_TIMEOUT_S
+    for desktop in ("GNOME", "ubuntu:GNOME", "KDE", "kde"):
+        assert first_frame_timeout_s({"XDG_CURRENT_DESKTOP": desktop}) == FIRST_FRAME_PATIENT_S, desktop
+    for desktop in ("sway", "Hyprland", "river", "", "X-Cinnamon"):
+        assert first_frame_timeout_s({"XDG_CURRENT_DESKTOP": desktop}) == FIRST_FRAME_TIMEOUT_S, desktop
+    assert first_frame_timeout_s({}) == FIRST_FRAME_TIMEOUT_S

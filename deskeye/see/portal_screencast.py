@@ -50,7 +50,14 @@ CONSENT_TIMEOUT_S = 300.0          # Start: the desktop may show its dialog (no 
 # The sink's formats, the compositor's own first (no conversion in the pipeline), and PIL's raw mode for each.
 RAW_MODES = {"BGRx": "BGRX", "BGRA": "BGRX", "RGBx": "RGBX", "RGBA": "RGBX", "xRGB": "XRGB", "ARGB": "XRGB",
              "xBGR": "XBGR", "ABGR": "XBGR", "RGB": "RGB"}
-FIRST_FRAME_TIMEOUT_S = 5.0        # the first frame comes at once (0.27 s on headless GNOME); then only on damage
+# The first frame comes at once (0.27 s on headless GNOME), then frames come only on damage. How long to wait for it:
+# xdg-desktop-portal-wlr (sway, Hyprland, river) streams only GPU buffers and sends nothing without a GPU, so there
+# DeskEye soon takes the portal's screenshots instead. GNOME's and KDE's compositors stream from memory too: a late
+# first frame there is a busy machine (over 5 s seen while the test suite loaded two cores), not a stream that never
+# comes, and their Screenshot fallback is worse (GNOME flashes the screen white at every screenshot).
+FIRST_FRAME_TIMEOUT_S = 5.0
+FIRST_FRAME_PATIENT_S = 30.0
+STREAMS_WITHOUT_GPU = ("GNOME", "KDE")      # in XDG_CURRENT_DESKTOP, e.g. "ubuntu:GNOME"
 ERROR_POLL_S = 0.1
 
 # What the user reads (translated where it is shown or raised).
@@ -71,6 +78,12 @@ def desktop_name(environ: Mapping[str, str] = os.environ) -> str:
     """The desktop's name for messages, e.g. "GNOME" (first of XDG_CURRENT_DESKTOP; "the desktop" if unset)."""
     first = environ.get("XDG_CURRENT_DESKTOP", "").split(":")[0].strip()
     return first[:32] if first.isprintable() and first else "the desktop"
+
+
+def first_frame_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
+    """How long a new stream may take to send its first frame on this desktop (see FIRST_FRAME_PATIENT_S)."""
+    desktops = {name.strip().upper() for name in environ.get("XDG_CURRENT_DESKTOP", "").split(":")}
+    return FIRST_FRAME_PATIENT_S if desktops & set(STREAMS_WITHOUT_GPU) else FIRST_FRAME_TIMEOUT_S
 
 
 def import_gst():
@@ -111,7 +124,7 @@ class ScreenCastStream:
             self._fd = self._bus.call_with_fd(SCREENCAST, "OpenPipeWireRemote", "(oa{sv})",
                                               (self._session_handle, {}))
             self._pipeline = self._make_pipeline(Gst, node)
-            self._wait_first_frame(FIRST_FRAME_TIMEOUT_S)
+            self._wait_first_frame(first_frame_timeout_s(environ))
         except BaseException:
             self.close()
             raise
