@@ -143,6 +143,11 @@ def keep_for_a_look(folder, screen, frames) -> None:
         frame.save(folder / f"sent-{number}.png")
 
 
+def with_output(failure: AssertionError, proc) -> str:
+    """A failure seen while `deskeye run` ran (now stopped), with the end of what it printed."""
+    return f"{failure}\n--- the end of what deskeye run printed:\n{proc.stdout.read()[-6000:]}"
+
+
 def wait_for_overlay(screenshot, timeout_s: float = 60.0):
     """The compositor's screen once the overlay shows the answer: (screen, box)."""
     found = {}
@@ -203,6 +208,9 @@ def test_on_gnome_the_overlay_is_on_top_and_never_described(gnome_desktop, tmp_p
                 column = (box[0] - MARGIN_PX, max(box[1] - 200, 0), WIDTH, box[1])     # just above the overlay
                 asking = wait_until(lambda: ASK_PROMPT_WORDS in (text := read_text(screenshot().crop(column)))
                                     and text, 20, interval_s=0.3)
+            except AssertionError as exc:
+                stop_inside(proc, timeout_s=30)
+                raise AssertionError(with_output(exc, proc)) from None
             finally:
                 stop_inside(proc, timeout_s=30)
             output = proc.stdout.read()
@@ -264,6 +272,9 @@ def test_on_sway_the_overlay_is_on_top_and_never_described_and_the_ask_box_float
                 said["text"] = read_text(screenshot())
                 return ASK_PROMPT_WORDS in said["text"]
             wait_until(prompt_shown, 15, interval_s=0.3)
+        except AssertionError as exc:
+            stop_process(proc, timeout_s=30)
+            raise AssertionError(with_output(exc, proc)) from None
         finally:
             stop_process(proc, timeout_s=30)
         output = proc.stdout.read()
