@@ -149,15 +149,19 @@ def with_output(failure: AssertionError, proc) -> str:
 
 
 def wait_for_overlay(screenshot, timeout_s: float = 60.0):
-    """The compositor's screen once the overlay shows the answer: (screen, box)."""
-    found = {}
+    """The compositor's screen once the overlay shows the answer and has stopped growing (a streamed answer grows
+    it line by line): the same box on two screenshots in a row. (screen, box)."""
+    seen = {"box": None, "screen": None}
 
-    def shown():
-        found["screen"] = screenshot()
-        return overlay_box(found["screen"])
-    box = wait_until(shown, timeout_s, interval_s=0.2)
-    assert box is not None, "the overlay never showed on the compositor's screen"
-    return found["screen"], box
+    def settled() -> bool:
+        screen = screenshot()
+        box = overlay_box(screen)
+        still = box is not None and box == seen["box"]
+        seen.update(box=box, screen=screen)
+        return still
+    assert wait_until(settled, timeout_s, interval_s=0.3), \
+        f"the overlay never showed, or never stopped changing, on the compositor's screen (last seen: {seen['box']})"
+    return seen["screen"], seen["box"]
 
 
 def watch_more(recorder, trigger) -> None:
