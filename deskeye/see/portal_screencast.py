@@ -188,7 +188,10 @@ class ScreenCastStream:
         source.link(convert)
         convert.link(sink)
         if pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
-            raise CaptureError(_(STREAM_ENDED).format(cause="the GStreamer pipeline did not start"))
+            message = pipeline.get_bus().pop_filtered(Gst.MessageType.ERROR)      # why, where GStreamer says
+            why = f": {error_text(message.parse_error()[0])}" if message is not None else ""
+            pipeline.set_state(Gst.State.NULL)
+            raise CaptureError(_(STREAM_ENDED).format(cause="the GStreamer pipeline did not start" + why))
         return pipeline
 
     def _on_closed(self) -> None:
