@@ -201,7 +201,7 @@ def test_after_call_runs_once_per_model_call(tiny_worker):
     for i in range(3):
         client.chat.completions.create(model="deskeye", messages=[{"role": "user", "content": f"hi {i}"}],
                                        max_tokens=4)
-    metrics = tiny_worker.metrics()
+    metrics = tiny_worker.metrics_after_model_calls(3, before)
     assert metrics["deskeye_worker_cache_release_total"] - before["deskeye_worker_cache_release_total"] == 3
     engine_calls = sum(v for k, v in metrics.items() if k.startswith("deskeye_worker_engine_calls_total"))
     assert metrics["deskeye_worker_batches_total"] - before["deskeye_worker_batches_total"] == 3
@@ -271,9 +271,7 @@ def test_cuda_empty_cache_calls_reach_the_metric(tiny_idefics3_dir, tmp_path, mo
         for i in range(3):
             client.chat.completions.create(model="deskeye", max_tokens=2,
                                            messages=[{"role": "user", "content": f"hi {i}"}])
-        # an answer leaves as its row ends; after_call follows on the model thread when the decode is over
-        wait_until(lambda: len(calls) >= 3 and handle.metrics()["deskeye_worker_cache_release_total"] >= 3)
-        metrics = handle.metrics()
+        metrics = handle.metrics_after_model_calls(3)
         assert calls == ["empty_cache"] * 3
         assert metrics["deskeye_worker_cuda_empty_cache_total"] == 3
         assert metrics["deskeye_worker_cache_release_total"] == 3

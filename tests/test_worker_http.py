@@ -12,6 +12,7 @@ import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -134,10 +135,21 @@ def test_an_engine_refusal_after_the_stream_started_is_an_error_event(ocr_worker
 # ---------------------------------------------------------------- back-pressure and cancellation
 
 @pytest.fixture(scope="module")
-def small_queue_worker(tiny_idefics3_dir, tmp_path_factory) -> WorkerHandle:
-    """At most 2 requests waiting, batches of 2, no grammar (a schema answer then fails validation)."""
-    args = ["--engine", "transformers", "--model", str(tiny_idefics3_dir), "--threads", "1", "--max-queue", "2",
-            "--max-batch-size", "2", "--no-grammar", "--max-retries", "1"]
+def long_context_idefics3_dir(tmp_path_factory) -> Path:
+    """A tiny Idefics3 whose context holds 8192 tokens, so that a long answer keeps the model busy for seconds: the
+    shared tiny model's 1024 positions cap an answer at ~1,000 tokens, which a fast machine decodes within a second."""
+    from tests.fixtures.tiny_models import build_tiny_idefics3
+    return build_tiny_idefics3(tmp_path_factory.mktemp("tiny_idefics3_long_context"),
+                               text_overrides={"max_position_embeddings": 8192})
+
+
+@pytest.fixture(scope="module")
+def small_queue_worker(long_context_idefics3_dir, tmp_path_factory) -> WorkerHandle:
+    """At most 2 requests waiting, batches of 2, no grammar (a schema answer then fails validation), answers of up
+    to 4096 tokens."""
+    args = ["--engine", "transformers", "--model", str(long_context_idefics3_dir), "--threads", "1",
+            "--max-queue", "2", "--max-batch-size", "2", "--no-grammar", "--max-retries", "1",
+            "--max-tokens-limit", "4096"]
     with running_worker(args, tmp_path_factory.mktemp("small_queue_worker")) as handle:
         yield handle
 
@@ -166,7 +178,9 @@ def test_flooding_a_worker_with_max_queue_2_gets_503_with_retry_after_and_loses_
     busy = [(headers, body) for status, headers, body in answers if status == 503]
     print(f"flood of {len(bodies)} with --max-queue 2: {statuses.count(200)} answered, {len(busy)} refused 503")
     assert set(statuses) <= {200, 503}, statuses
-    assert busy and statuses.count(200) >= 4
+    # The 2 that may wait are answered. More are when the model takes a waiting one (then no longer waiting) before
+    # the flood is over: timing, not a promise (a request still being prepared counts as waiting).
+    assert busy and statuses.count(200) >= 2
     for headers, body in busy:
         assert int(headers["retry-after"]) >= 1
         assert body["error"]["type"] in ("queue_full", "too_many_connections") and "--max-" in body["error"]["message"]
@@ -188,7 +202,7 @@ def test_a_request_whose_client_went_away_is_not_decoded(small_queue_worker):
     without being decoded (and the long ones are still answered)."""
     worker = small_queue_worker
     before = worker.metrics()
-    long_body = {"model": "deskeye", "max_tokens": 1024, "temperature": 0,
+    long_body = {"model": "deskeye", "max_tokens": 4096, "temperature": 0,
                  "messages": [{"role": "user", "content": "Tell me a long story."}]}
     with ThreadPoolExecutor(2) as pool:
         busy = [pool.submit(raw_post, worker, long_body) for _ in range(2)]
@@ -216,14 +230,10 @@ def test_a_request_whose_client_went_away_is_not_decoded(small_queue_worker):
 
 
 @pytest.fixture(scope="module")
-def impatient_worker(tmp_path_factory) -> WorkerHandle:
-    """Answers within 1 s or not at all (504), one request at a time, up to 4096 tokens. Its model's context holds
-    8192 tokens: the shared tiny model's 1024 would cap the long answer at ~1,000 tokens, which a fast machine decodes
-    within the second."""
-    from tests.fixtures.tiny_models import build_tiny_idefics3
-    model_dir = build_tiny_idefics3(tmp_path_factory.mktemp("tiny_idefics3_long_context"),
-                                    text_overrides={"max_position_embeddings": 8192})
-    args = ["--engine", "transformers", "--model", str(model_dir), "--threads", "1",
+def impatient_worker(long_context_idefics3_dir, tmp_path_factory) -> WorkerHandle:
+    """Answers within 1 s or not at all (504), one request at a time, up to 4096 tokens (a long answer outlasts the
+    second on any machine)."""
+    args = ["--engine", "transformers", "--model", str(long_context_idefics3_dir), "--threads", "1",
             "--request-timeout-s", "1", "--max-batch-size", "1", "--max-tokens-limit", "4096"]
     with running_worker(args, tmp_path_factory.mktemp("impatient_worker")) as handle:
         yield handle
