@@ -20,7 +20,6 @@ from deskeye.prompt import build_messages, deskeye_response_format
 from inference_worker.serving.service import ModelService
 from tests.fixtures.chat_requests import chat_request, png_bytes, with_sampling
 from tests.fixtures.forward_spy import recording_forwards
-from tests.fixtures.polling import wait_until
 from tests.fixtures.worker import running_worker
 
 pytestmark = [pytest.mark.model, pytest.mark.subprocess]
@@ -161,7 +160,7 @@ def test_eight_requests_sent_together_are_batched_and_each_gets_its_solo_answer(
     solo = [tiny_worker.request("POST", "/v1/chat/completions", body) for body in bodies]   # one at a time
     before = batch_worker.metrics()
     together = all_at_once(lambda b: batch_worker.request("POST", "/v1/chat/completions", b), bodies)
-    after = metrics_after(batch_worker, before, num_requests=8)
+    after = batch_worker.metrics_after(before, num_requests=8)
 
     assert [status for status, _ in solo + together] == [200] * 16
     for (_, alone), (_, batched) in zip(solo, together):
@@ -176,21 +175,11 @@ def test_eight_requests_sent_together_are_batched_and_each_gets_its_solo_answer(
     assert after["deskeye_worker_batch_window_seconds"] == 3.0
 
 
-def metrics_after(worker, before: dict, *, num_requests: int) -> dict:
-    """The worker's metrics once its model calls have counted `num_requests` more requests: answers leave as their
-    rows end, and a model call's metrics follow when its decode is over."""
-    def counted():
-        metrics = worker.metrics()
-        done = metrics["deskeye_worker_batch_size_sum"] - before["deskeye_worker_batch_size_sum"] >= num_requests
-        return metrics if done else None
-    return wait_until(counted) or worker.metrics()
-
-
 @pytest.mark.slow
 def test_metrics_show_queue_window_load_and_cache(tiny_worker):
     before = tiny_worker.metrics()
     status, body = tiny_worker.request("POST", "/v1/chat/completions", deskeye_body("Anything?", (1, 2, 3)))
-    after = tiny_worker.metrics()
+    after = tiny_worker.metrics_after(before, num_requests=1)
     assert status == 200 and set(body["deskeye"]["timing"]) >= {"queue_ms", "ttft_ms", "decode_ms", "total_ms"}
     assert after["deskeye_worker_queue_wait_seconds_count"] > before["deskeye_worker_queue_wait_seconds_count"]
     assert after["deskeye_worker_batch_window_seconds"] in (0.05, 0.15, 0.2)       # the default levels
@@ -208,7 +197,7 @@ def test_metrics_show_where_the_model_threads_time_went(tiny_worker):
                           "process_cpu_seconds_total")
     before = tiny_worker.metrics()
     status, _ = tiny_worker.request("POST", "/v1/chat/completions", deskeye_body("Anything?", (4, 5, 6)))
-    after = metrics_after(tiny_worker, before, num_requests=1)
+    after = tiny_worker.metrics_after(before, num_requests=1)
     grown = {key: after[key] - before[key] for key in (busy, cpu, process)}
 
     assert status == 200

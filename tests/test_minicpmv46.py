@@ -15,7 +15,7 @@ from inference_worker.engines.hf.minicpmv import MiniCPMVImageProcessor
 from deskeye.prompt import build_messages, deskeye_response_format
 from tests.fixtures.chat_requests import png_bytes
 from tests.fixtures.worker import running_worker
-from tests.test_batching import COLORS, QUESTIONS, all_at_once, metrics_after
+from tests.test_batching import COLORS, QUESTIONS, all_at_once
 
 pytestmark = [pytest.mark.model, pytest.mark.subprocess]
 
@@ -69,7 +69,7 @@ def test_eight_requests_through_the_worker_are_decoded_together_and_each_gets_it
     solo = [minicpmv46_worker.request("POST", "/v1/chat/completions", body) for body in bodies]
     before = minicpmv46_worker.metrics()
     together = all_at_once(lambda b: minicpmv46_worker.request("POST", "/v1/chat/completions", b), bodies)
-    after = metrics_after(minicpmv46_worker, before, num_requests=8)
+    after = minicpmv46_worker.metrics_after(before, num_requests=8)
 
     assert [status for status, _ in solo + together] == [200] * 16, [b for _, b in solo + together]
     for (_, alone), (_, batched) in zip(solo, together):

@@ -25,7 +25,6 @@ from deskeye.prompt import DESKEYE_SCHEMA
 from deskeye.prompt import build_messages, deskeye_response_format, image_data_url, parse_description
 from inference_worker.server.lifetime import run_worker
 from tests.fixtures.text_image import render_text_png
-from tests.fixtures.polling import wait_until
 from tests.fixtures.worker import WorkerHandle, running_worker, start_worker
 
 pytestmark = [pytest.mark.model, pytest.mark.subprocess]
@@ -201,7 +200,7 @@ def test_after_call_runs_once_per_model_call(tiny_worker):
     for i in range(3):
         client.chat.completions.create(model="deskeye", messages=[{"role": "user", "content": f"hi {i}"}],
                                        max_tokens=4)
-    metrics = tiny_worker.metrics_after_model_calls(3, before)
+    metrics = tiny_worker.metrics_after(before, num_requests=3)
     assert metrics["deskeye_worker_cache_release_total"] - before["deskeye_worker_cache_release_total"] == 3
     engine_calls = sum(v for k, v in metrics.items() if k.startswith("deskeye_worker_engine_calls_total"))
     assert metrics["deskeye_worker_batches_total"] - before["deskeye_worker_batches_total"] == 3
@@ -271,7 +270,7 @@ def test_cuda_empty_cache_calls_reach_the_metric(tiny_idefics3_dir, tmp_path, mo
         for i in range(3):
             client.chat.completions.create(model="deskeye", max_tokens=2,
                                            messages=[{"role": "user", "content": f"hi {i}"}])
-        metrics = handle.metrics_after_model_calls(3)
+        metrics = handle.metrics_after(num_requests=3)
         assert calls == ["empty_cache"] * 3
         assert metrics["deskeye_worker_cuda_empty_cache_total"] == 3
         assert metrics["deskeye_worker_cache_release_total"] == 3
