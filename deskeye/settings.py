@@ -119,15 +119,20 @@ class CaptureSettings:
     excluded_titles: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDED_TITLES))
     extra_excluded_titles: list[str] = field(default_factory=list)   # the user's additions
     debug_save_frames_dir: str = ""   # "" = never write a screenshot to disk
+    portal: str = "auto"              # Wayland: auto | screencast | screenshot (deskeye/see/backends.py)
 
     def __post_init__(self):
         _check_numbers(self, "capture")
+        _check(self.portal in PORTAL_CAPTURES, "capture.portal", " | ".join(PORTAL_CAPTURES), value=self.portal)
         if self.region:
             parse_region(self.region, key="capture.region")
         for key in ("excluded_titles", "extra_excluded_titles"):     # a blank entry would match nothing, silently
             for entry in getattr(self, key):
                 _check(isinstance(entry, str) and entry.strip() != "", f"capture.{key}",
                        "words of a window title (none blank)", value=entry)
+
+
+PORTAL_CAPTURES = ("auto", "screencast", "screenshot")     # capture.portal
 
 
 @dataclass

@@ -62,6 +62,8 @@ DESCRIPTIONS = {
     "capture.extra_excluded_titles": "Your own additions to excluded_titles.",
     "capture.debug_save_frames_dir": 'Folder to save captured frames to, for debugging; "" = never write '
                                      "a screenshot to disk.",
+    "capture.portal": 'On Wayland: "auto" (the portal\'s ScreenCast where offered, else its Screenshot), '
+                      '"screencast" or "screenshot".',
     "hotkeys.describe": "Describe the region now.",
     "hotkeys.pause": "Pause / resume the capture loop.",
     "hotkeys.ask": "Open the Ask box (type a question, Enter to ask, Esc to close).",

@@ -78,6 +78,7 @@ def test_default_location_follows_xdg_config_home(tmp_path, monkeypatch, capsys)
     ('[worker]\nmodle = "x"\n', ["worker.modle", "known:", "model"]),
     ('[wroker]\nengine = "ocr"\n', ["[wroker]", "known:", "worker"]),
     ('[capture]\nregion = "10,10"\n', ["capture.region", "X,Y,W,H"]),
+    ('[capture]\nportal = "pipewire"\n', ["capture.portal", "'pipewire'", "auto | screencast | screenshot"]),
     ("[worker\n", ["not valid TOML"]),
 ])
 def test_bad_file_exits_2_naming_key_and_allowed_values(tmp_path, capsys, body, expected):

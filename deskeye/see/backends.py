@@ -36,6 +36,8 @@ WAYLAND_VARIABLES = N_("Start DeskEye inside the Wayland session, with its WAYLA
                        "XDG_SESSION_TYPE=wayland set, so that it sees the screen through xdg-desktop-portal.")
 SCREENCAST_FAILED_TRYING_SCREENSHOT = N_("The ScreenCast portal cannot stream here ({error}); DeskEye takes the "
                                          "portal's screenshots instead.")
+NOT_OFFERED = N_("This desktop's portal does not offer {capture}, which capture.portal = \"{setting}\" asks for: set "
+                "capture.portal = \"auto\".")
 BLACK_WINDOW_OR_HIDDEN = N_("If a black window covers that region, move it or watch another region (capture.region). "
                             "If the screen there is not black, this desktop hides it from X11 programs (a Wayland "
                             "session does: X11 capture through Xwayland is black on Wayland).")
@@ -122,17 +124,19 @@ class MssBackend:
         self._sct.close()
 
 
-def open_capture_backend(session: Session | None = None) -> CaptureBackend:
+def open_capture_backend(session: Session | None = None, *, portal: str = "auto") -> CaptureBackend:
     """The capture backend for `session` (default: this process's), or CaptureError saying why there is none.
-    Call it once per thread that grabs: a backend is not shared across threads."""
+    `portal` (capture.portal, Wayland only): "auto" = ScreenCast where the portal offers it, else Screenshot;
+    "screencast" or "screenshot" = that one only. Call it once per thread that grabs: a backend is not shared
+    across threads."""
     session = session or Session.detect()
     if session.kind == SessionType.WAYLAND:
-        return _open_portal_backend(session)
+        return _open_portal_backend(session, portal)
     session.check_can_capture()
     return MssBackend(session)
 
 
-def _open_portal_backend(session: Session) -> CaptureBackend:
+def _open_portal_backend(session: Session, portal: str = "auto") -> CaptureBackend:
     """The portal's ScreenCast, else its Screenshot (deskeye/see/session.py says why); CaptureError naming why
     neither works. A "no" in the desktop's dialog (PortalDeclined) is final: no other way is tried. A ScreenCast that
     failed where Screenshot works (xdg-desktop-portal-wlr without a GPU: 5 s without a frame) is not tried again by
@@ -145,6 +149,11 @@ def _open_portal_backend(session: Session) -> CaptureBackend:
         screencast, screenshot = portal_offers(session.environ)
     except CaptureError as exc:
         raise session.wayland_error(str(exc)) from None
+    if portal == "screencast" and not screencast:
+        raise session.wayland_error(_(NOT_OFFERED).format(capture="ScreenCast", setting=portal))
+    if portal == "screenshot" and not screenshot:
+        raise session.wayland_error(_(NOT_OFFERED).format(capture="Screenshot", setting=portal))
+    screencast, screenshot = screencast and portal != "screenshot", screenshot and portal != "screencast"
     problems = [_screencast_failed[0]] if _screencast_failed[0] else []
     for offered, backend in ((screencast and not problems, PortalScreenCastBackend),
                              (screenshot, PortalScreenshotBackend)):

@@ -1,12 +1,13 @@
 """Screen capture: grab a region of one monitor, as a PIL image or PNG bytes, never a black frame by mistake.
 
-The region is given relative to the chosen monitor's top-left corner (`capture.monitor`, mss
-numbering: 1 = primary, 2.. = others, 0 = all monitors stitched). With no region, DeskEye watches
-800x600 logical pixels centred on that monitor, inside its work area and out of the overlay's column
-(deskeye/see/placement.py). `watched_region` is the one decision: the app, the one-shot commands and `doctor` build
-their grabber with `ScreenGrabber.for_settings`, so all of them watch the same region. mss is not thread-safe across
-threads, so `ScreenGrabber` keeps one capture backend per thread that grabs; the session decides which backend
-(deskeye/see/session.py: mss on X11, xdg-desktop-portal on Wayland, or the reason there is none).
+The region is given relative to the chosen monitor's top-left corner (`capture.monitor`, mss numbering: 1 =
+primary, 2.. = others, 0 = all monitors stitched), in the desktop's pixels (X11's; on Wayland Xwayland's, which are
+logical pixels on a scaled monitor). With no region, DeskEye watches 800x600 logical pixels centred on that monitor,
+inside its work area and out of the overlay's column (deskeye/see/placement.py). `watched_region` is the one
+decision: the app, the one-shot commands and `doctor` build their grabber with `ScreenGrabber.for_settings`, so all of
+them watch the same region. mss is not thread-safe across threads, so `ScreenGrabber` keeps one capture backend per
+thread that grabs; the session decides which backend (deskeye/see/session.py: mss on X11, xdg-desktop-portal on
+Wayland, or the reason there is none).
 
 A grab that comes back empty, or uniformly black (no channel of any pixel above BLACK_MAX_LEVEL) where the desktop
 does not say the screen is black, is a CaptureError naming the cause and the fix: the app shows it once and grabs
@@ -17,14 +18,23 @@ DeskEye's own windows (overlay, Ask box, menus) are painted over with one flat c
 change detection and before the frame is sent: DeskEye never watches itself, wherever its windows are.
 
 On Wayland they are Xwayland windows, their places read from X11 (deskeye/see/x11_windows.py; on sway also its
-window list), while the pixels come from the compositor (deskeye/see/portal_screencast.py, portal_screenshot.py):
-measured on headless gnome-shell 43 and sway 1.7 (one monitor at 0,0, scale 1) the two agree to the pixel. But the
-compositor's frame lags X11: a frame taken just after the overlay changed size can still show it as it was (seen:
-the "thinking" overlay, taller, under a mask of the answer's size). So on Wayland a grab waits until DeskEye's
-windows have not changed for OWN_SETTLE_S (the overlay says when they do: `own_windows_changed`), and masks their
-places read both before and after the grab. Where X11 and the frame do not share coordinates (a streamed monitor
-that is not at the desktop's 0,0, or GNOME's fractional scaling, where Xwayland works in logical pixels and the stream
-in physical ones), the mask misses the overlay: DeskEye would describe its own text, never another window's.
+window list), while the pixels come from the compositor (deskeye/see/portal_screencast.py, portal_screenshot.py),
+which need not share X11's coordinates: the portal's frame starts at its own 0,0 and is in physical pixels, while
+Xwayland works in the compositor's layout (logical pixels). So the monitors DeskEye numbers, the region it watches,
+privacy's window places and the masks are all in those desktop pixels (Xwayland's), and the backend maps the region
+into its frame (the streamed or screenshotted output's offset, and the scale); the grab is in the frame's own pixels
+(at scale 2, twice the region's size), and a mask covers every frame pixel of a window (`image_map`). Measured on
+sway 1.7 headless through the portal's Screenshot (the whole layout at the largest output scale): two monitors side
+by side at scale 1 with monitor 1 or 2 watched, one monitor at scale 2, and a scale-2 monitor 2 beside a scale-1
+monitor 1: the frame is that monitor's pixels and the masks cover the overlay to the pixel. On GNOME the ScreenCast
+portal says where the streamed monitor lies and its logical size (measured: one monitor, and two side by side, at
+scale 1); a monitor at an offset or scaled there is mapped the same way but not measured. Where the backend cannot
+tell where the region lies in its frames, DeskEye says so instead of guessing: a screenshot that is not Xwayland's
+monitors at one scale is refused (no frame), a stream the portal does not place on one of Xwayland's monitors is
+warned about once (its own windows may show in what it describes). The compositor's frame also lags X11: a frame
+taken just after the overlay changed size can still show it as it was (seen: the "thinking" overlay, taller, under a
+mask of the answer's size). So on Wayland a grab waits until DeskEye's windows have not changed for OWN_SETTLE_S (the
+overlay says when they do: `own_windows_changed`), and masks their places read both before and after the grab.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from PIL import Image, ImageDraw
 from deskeye.errors import CaptureError
 from deskeye.language import N_, _
 from deskeye.see.backends import CaptureBackend, open_capture_backend
-from deskeye.see.geometry import Monitor, Rect
+from deskeye.see.geometry import FrameMap, Monitor, Rect
 from deskeye.see.monitors import read_monitor
 from deskeye.see.placement import default_region_on
 from deskeye.see.session import Session, SessionType
@@ -94,12 +104,14 @@ class Frame:
 
     def with_window_facts(self) -> Frame:
         """This frame with the windows in its region as they are now (read from the X server)."""
-        return dataclasses.replace(self, windows=_window_facts(self.rect))
+        return dataclasses.replace(self, windows=_window_facts(self.rect, self.image))
 
     @property
     def masks(self) -> tuple[Rect, ...]:
         """The masked rectangles in the image's own pixels (for change detection)."""
-        return tuple(Rect(m.left - self.rect.left, m.top - self.rect.top, m.width, m.height) for m in self.masked)
+        frame_map = image_map(self.image, self.rect)
+        return tuple(Rect(left, top, right - left, bottom - top)
+                     for left, top, right, bottom in (frame_map.box(m) for m in self.masked))
 
 
 def to_png(image: Image.Image) -> bytes:
@@ -179,6 +191,7 @@ class ScreenGrabber:
     def __init__(self, settings: CaptureSettings, region: str | tuple | None = None, *,
                  overlay: OverlaySettings | None = None, mask: Callable[[], list[Rect]] = list):
         self._monitor_number = settings.monitor
+        self._portal = settings.portal       # on Wayland: which of the portal's captures (auto: ScreenCast first)
         self._given_region = region          # from the command line (--region): it stays when the settings change
         self._region = region_from_settings(settings, region)
         self._overlay = overlay or OverlaySettings()     # where the overlay's column is: out of the default region
@@ -205,7 +218,7 @@ class ScreenGrabber:
         """The calling thread's capture backend (made on first use: the session decides which)."""
         backend = getattr(self._local, "backend", None)
         if backend is None:
-            backend = self._local.backend = open_capture_backend()
+            backend = self._local.backend = open_capture_backend(portal=self._portal)
         return backend
 
     def monitor(self) -> Rect:
@@ -242,7 +255,7 @@ class ScreenGrabber:
         if self._settle_s and own is not None:
             covers += self._mask()
         masked = mask_image(image, rect, covers)
-        return Frame(image, rect, masked, _window_facts(rect) if with_windows else ())
+        return Frame(image, rect, masked, _window_facts(rect, image) if with_windows else ())
 
     def close_thread(self) -> None:
         """Close the calling thread's capture backend (call it at the end of a thread that grabbed)."""
@@ -252,14 +265,21 @@ class ScreenGrabber:
             backend.close()
 
 
+def image_map(image: Image.Image, rect: Rect) -> FrameMap:
+    """Where the desktop's pixels of `rect` lie in `image`, the grab of it: the same pixels on X11; on Wayland the
+    compositor's, so `image` may be larger than `rect` (a scaled monitor: its physical pixels)."""
+    return FrameMap(rect.left, rect.top, image.width / max(rect.width, 1), image.height / max(rect.height, 1))
+
+
 def mask_image(image: Image.Image, rect: Rect, covers: list[Rect]) -> tuple[Rect, ...]:
-    """Paint each of `covers` (absolute pixels) that lies in `rect` with MASK_COLOUR; returns what was painted."""
+    """Paint each of `covers` (absolute desktop pixels) that lies in `rect` with MASK_COLOUR, in `image`'s own pixels
+    (every one it touches); returns what was painted, in desktop pixels."""
     painted = tuple(part for cover in covers if (part := rect.clip(cover)) is not None)
     if painted:
-        draw = ImageDraw.Draw(image)
+        draw, frame_map = ImageDraw.Draw(image), image_map(image, rect)
         for part in painted:
-            x, y = part.left - rect.left, part.top - rect.top
-            draw.rectangle((x, y, x + part.width - 1, y + part.height - 1), fill=MASK_COLOUR)
+            left, top, right, bottom = frame_map.box(part)
+            draw.rectangle((left, top, right - 1, bottom - 1), fill=MASK_COLOUR)
     return painted
 
 
@@ -277,9 +297,17 @@ def grab_frame(settings: Settings, region: str | tuple | None = None) -> Frame:
         grabber.close_thread()
 
 
-def _window_facts(rect: Rect) -> tuple:
-    """The windows in `rect`, front first (() where X cannot tell: see deskeye.see.window_facts)."""
+def _window_facts(rect: Rect, image: Image.Image) -> tuple:
+    """The windows in `rect`, front first (() where X cannot tell: see deskeye.see.window_facts), their boxes in
+    the pixels of `image`, the grab of `rect` (on a scaled Wayland monitor, not X11's)."""
     from deskeye.see.window_facts import Region
     from deskeye.see.x11_windows import windows_in_region
-    return tuple(windows_in_region(Region(rect.left, rect.top, rect.width, rect.height)))
+    facts = windows_in_region(Region(rect.left, rect.top, rect.width, rect.height))
+    if image.size == (rect.width, rect.height):
+        return tuple(facts)
+    scale = image_map(image, Rect(0, 0, rect.width, rect.height))
+
+    def scaled(box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        return scale.box(Rect(box[0], box[1], box[2] - box[0], box[3] - box[1]))
+    return tuple(dataclasses.replace(fact, box=scaled(fact.box), frame=scaled(fact.frame)) for fact in facts)
 

@@ -1,7 +1,9 @@
-"""Rectangles in absolute screen pixels: the one type capture, placement, masking and privacy share."""
+"""Rectangles in absolute screen pixels (the desktop's, X11's): the one type capture, placement, masking and privacy
+share; and where they lie in a capture backend's frames (`FrameMap`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -37,8 +39,10 @@ class Rect:
 class Monitor:
     """One monitor as DeskEye lays out its windows and the default region on it (deskeye/see/monitors.py reads it).
 
-    Both rectangles are physical pixels; sizes in the settings are logical pixels (what a person sees: one logical
-    pixel is `scale` physical ones, scale = the monitor's DPI / 96), so the same settings look the same at any DPI.
+    Both rectangles are the desktop's pixels, X11's (physical pixels on X11; on Wayland Xwayland's, which the
+    compositor scales, so a scaled monitor reads as 96 dpi there); sizes in the settings are logical pixels (what a
+    person sees: one logical pixel is `scale` of the desktop's, scale = the monitor's DPI / 96), so the same settings
+    look the same at any DPI.
     """
     rect: Rect                 # the whole monitor
     work_area: Rect            # the monitor less the panels docked on it (their struts)
@@ -47,3 +51,25 @@ class Monitor:
     def px(self, logical: float) -> int:
         """A size in logical pixels (the settings, DeskEye's defaults) as this monitor's physical pixels."""
         return round(logical * self.scale)
+
+
+@dataclass(frozen=True)
+class FrameMap:
+    """Where the desktop's pixels lie in a capture backend's frames, which may not share them: on Wayland DeskEye's
+    windows, the monitors and the watched region are in the desktop's pixels (Xwayland's, the compositor's layout:
+    logical pixels on a scaled monitor) while the portal's frames are the compositor's, in physical pixels and
+    starting at the frame's own 0,0. A desktop pixel x lies at (x - origin_x) * scale_x in the frame."""
+    origin_x: int = 0
+    origin_y: int = 0
+    scale_x: float = 1.0
+    scale_y: float = 1.0
+
+    def box(self, rect: Rect) -> tuple[int, int, int, int]:
+        """`rect` (desktop pixels) as the frame's (left, top, right, bottom), every frame pixel it touches."""
+        return (math.floor((rect.left - self.origin_x) * self.scale_x + EPSILON),
+                math.floor((rect.top - self.origin_y) * self.scale_y + EPSILON),
+                math.ceil((rect.right - self.origin_x) * self.scale_x - EPSILON),
+                math.ceil((rect.bottom - self.origin_y) * self.scale_y - EPSILON))
+
+
+EPSILON = 1e-6               # a scale such as 1.25 is not exact in floating point: 4 * 1.25 must stay 5, not 6

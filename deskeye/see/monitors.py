@@ -31,6 +31,22 @@ EDGES = ("left", "right", "top", "bottom")
 Strut = tuple[str, Rect]          # the edge a panel is docked on, and the root-window rectangle it reserves
 
 
+def desktop_monitors() -> list[Rect]:
+    """The monitors as the X server ($DISPLAY) lays them out, in mss numbering ([0] all of them, [1] the first, then
+    the others): on Wayland, Xwayland's view of the compositor's layout (its logical pixels, measured on sway 1.7), the
+    pixels DeskEye's windows are placed in. [] where there is no X display to ask."""
+    import os
+    if not os.environ.get("DISPLAY"):
+        return []
+    try:
+        import mss
+        with mss.MSS() as sct:
+            return [Rect(m["left"], m["top"], m["width"], m["height"]) for m in sct.monitors]
+    except Exception as exc:  # noqa: BLE001 - no X server, no mss: the monitors are unknown
+        log.debug("cannot list the X server's monitors: %s", exc)
+        return []
+
+
 def read_monitor(rect: Rect, display_name: str | None = None) -> Monitor:
     """The monitor at `rect` (physical pixels, e.g. from mss) with its scale and work area; scale 1 and no panels
     where the X server cannot be asked."""

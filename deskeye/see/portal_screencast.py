@@ -10,10 +10,15 @@ only when a grab asks for it, once, not every frame the compositor sends (up to 
 a grab crops the region out of that copy, so the capture loop's grabs of a static screen copy only the region
 (benchmarks/app_idle.py, benchmarks/portal_capture.py).
 
-Coordinates: the screen DeskEye sees is the one monitor the portal streams, in the stream's own pixels (GNOME and
-KDE stream a monitor at its physical resolution, as X11's mss sees it), with its top-left corner at 0,0;
-`capture.monitor` 0 and 1 both name it. The portal's logical size of the monitor is logged, not used: where it
-differs (a scaled monitor) the region is still in the stream's physical pixels, as on X11.
+Coordinates: the screen DeskEye sees is the one monitor the portal streams (`capture.monitor` 0 and 1 both name it),
+in the desktop's pixels, where Xwayland places DeskEye's windows: the portal's Start says where the monitor lies in
+the compositor's layout (`position`) and its logical `size`, which are those pixels; the stream is in the monitor's
+physical pixels with its own 0,0, so a grab maps the region into it (`stream_map`: the offset, and the scale from the
+logical size to the stream's). Where the portal does not say, or says a place that is not one of Xwayland's monitors,
+DeskEye cannot tell where its own windows are in the frames: it says so once (a warning naming both) and takes the
+stream as the monitor at 0,0 at scale 1. Measured on headless GNOME 43 at scale 1 (one monitor, and two side by side
+with the first one streamed): position 0,0 and the stream's size, which Xwayland reports too. A streamed monitor at
+an offset or scaled is mapped as the portal's documentation says, not measured.
 
 One stream serves every thread of the process that grabs (`ScreenGrabber` opens a backend per thread): the first
 backend opens it, the last one's close() stops the pipeline and ends the portal session. A stream that ended (the
@@ -30,7 +35,8 @@ from typing import TYPE_CHECKING, Mapping
 
 from deskeye.errors import CaptureError
 from deskeye.language import N_, _
-from deskeye.see.geometry import Rect
+from deskeye.see.geometry import FrameMap, Rect
+from deskeye.see.monitors import desktop_monitors
 from deskeye.see.portal_request import NO_PORTAL, PortalBus, error_text, import_gio
 from deskeye.see.portal_token import load_token, save_token, token_path
 
@@ -69,6 +75,9 @@ NO_GSTREAMER = N_("DeskEye reads the ScreenCast portal's PipeWire stream with GS
                   "({cause}). Install gir1.2-gstreamer-1.0, gir1.2-gst-plugins-base-1.0, gstreamer1.0-plugins-base "
                   "and gstreamer1.0-pipewire (Debian and Ubuntu names).")
 NO_FRAMES = N_("the ScreenCast stream sent no frame within {seconds:.0f} s")
+STREAM_PLACE_UNKNOWN = N_("The ScreenCast portal streams a {width}x{height} monitor {where}, which is not one of the "
+                          "monitors Xwayland reports ({monitors}): DeskEye cannot tell where its own windows (the "
+                          "overlay, the Ask box) are in the frames, so what it describes may include them.")
 STREAM_ENDED = N_("The screen cast ended ({cause}): the desktop stopped it, or it was stopped in the desktop's "
                   "sharing indicator. DeskEye does not ask again by itself: restart DeskEye to let it see the "
                   "screen.")
@@ -114,6 +123,8 @@ class ScreenCastStream:
         self._copy_lock = threading.Lock()
         self._copied: tuple = (None, None)     # (sample, its frame as an RGB image): what the last grab copied
         self._ended = ""                   # why the stream ended ("" while it runs)
+        self.position: tuple[int, int] | None = None        # where the portal says the monitor lies (layout pixels)
+        self.logical_size: tuple[int, int] | None = None    # and its size there
         self._pipeline = None
         self._fd = -1
         self._session_handle = ""
@@ -166,6 +177,7 @@ class ScreenCastStream:
         if not streams or not isinstance(streams[0][0], int):
             raise CaptureError(_(NO_STREAM))
         node, properties = streams[0]
+        self.position, self.logical_size = _pair(properties.get("position")), _pair(properties.get("size"))
         log.info("ScreenCast stream: PipeWire node %d, monitor at %s, logical size %s", node,
                  properties.get("position"), properties.get("size"))
         return node
@@ -289,8 +301,36 @@ class ScreenCastStream:
             self._copied = (None, None)
 
 
+def _pair(value) -> tuple[int, int] | None:
+    """An (x, y) or (width, height) from the portal's answer, None where it is missing or not two integers."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return int(value[0]), int(value[1])
+    return None
+
+
+def stream_map(stream_size: tuple[int, int], position: tuple[int, int] | None, logical_size: tuple[int, int] | None,
+               monitors: list[Rect]) -> tuple[Rect, FrameMap, str]:
+    """The streamed monitor in the desktop's pixels, where its pixels lie in the stream, and "" or why that is not
+    known (for a warning): from the portal's `position` and logical `size`, when it gave them and they are one of
+    Xwayland's `monitors` (mss numbering; [] where there is no X display: nothing to check against)."""
+    width, height = stream_size
+    if position is not None and logical_size is not None and min(logical_size) > 0:
+        desktop = Rect(*position, *logical_size)
+        where = f"at {position[0]},{position[1]} (logical size {logical_size[0]}x{logical_size[1]})"
+    else:
+        desktop = Rect(0, 0, width, height)
+        where = "and does not say where it lies"
+    frame_map = FrameMap(desktop.left, desktop.top, width / desktop.width, height / desktop.height)
+    if not monitors[1:] or desktop in monitors[1:]:
+        return desktop, frame_map, ""
+    listed = ", ".join(f"{m.width}x{m.height}+{m.left}+{m.top}" for m in monitors[1:])
+    return desktop, frame_map, _(STREAM_PLACE_UNKNOWN).format(width=width, height=height, where=where,
+                                                              monitors=listed)
+
+
 _shared_lock = threading.Lock()
 _shared: list = [None, 0]          # [the process's ScreenCastStream, how many backends use it]
+_said: set[str] = set()            # the warnings `PortalScreenCastBackend._map` gave (each once per process)
 
 
 def _acquire(environ: Mapping[str, str]) -> ScreenCastStream:
@@ -318,16 +358,33 @@ class PortalScreenCastBackend:
     def __init__(self, session: "Session", environ: Mapping[str, str] = os.environ):
         self.session = session
         self._stream = _acquire(environ)
+        self._mapped: tuple | None = None      # (stream size, the monitor in desktop pixels, its FrameMap)
         self.name = f"xdg-desktop-portal ScreenCast ({self._stream.desktop})"
 
     def monitors(self) -> list[Rect]:
-        width, height = self._stream.size()
-        return [Rect(0, 0, width, height), Rect(0, 0, width, height)]
+        """The streamed monitor, in the desktop's pixels, as [all, primary]: both name it."""
+        desktop = self._map()[0]
+        return [desktop, desktop]
+
+    def _map(self) -> tuple[Rect, FrameMap]:
+        """The streamed monitor and where its pixels lie in the stream (`stream_map`); why that is not known is
+        said once, as a warning."""
+        size = self._stream.size()
+        if self._mapped is None or self._mapped[0] != size:
+            desktop, frame_map, unknown = stream_map(size, self._stream.position, self._stream.logical_size,
+                                                     desktop_monitors())
+            if unknown and unknown not in _said:
+                _said.add(unknown)
+                log.warning("%s", unknown)
+            self._mapped = (size, desktop, frame_map)
+        return self._mapped[1], self._mapped[2]
 
     def grab(self, rect: Rect) -> "Image.Image":
+        """`rect` (desktop pixels) cut out of the latest frame, in the stream's own pixels."""
+        frame_map = self._map()[1]
         image = self._stream.frame()
-        box = (max(rect.left, 0), max(rect.top, 0), min(rect.left + rect.width, image.width),
-               min(rect.top + rect.height, image.height))
+        left, top, right, bottom = frame_map.box(rect)
+        box = (max(left, 0), max(top, 0), min(right, image.width), min(bottom, image.height))
         if box[2] <= box[0] or box[3] <= box[1]:
             raise CaptureError(f"The region {rect} lies outside the streamed monitor ({image.width}x{image.height}).")
         return image.crop(box)

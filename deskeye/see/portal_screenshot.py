@@ -14,7 +14,16 @@ it is read DeskEye deletes it (`remove_screenshot`), but only the file this requ
 (device and inode, looked up again without following a link, in the folder opened once), a regular file of this
 user, and written after the request began (its mtime and ctime, give or take CLOCK_SLACK_S). A file that fails any
 of that (a user's own picture the portal happened to name, a link, a file replaced meanwhile) is left where it is
-and logged. The screen DeskEye sees is the whole screenshot (every monitor, as the desktop composes it), at 0,0.
+and logged.
+
+Coordinates: the screenshot is the whole desktop as the compositor composes it (every monitor), in its own pixels:
+measured on sway 1.7 (xdg-desktop-portal-wlr, which runs grim), the bounding box of the outputs' layout at the
+largest output scale (two outputs 1280x800 and 1024x768 side by side at scale 1: 2304x800; one 1280x800 output at
+scale 2: 1280x800 while its layout and Xwayland are 640x400). DeskEye's windows, the monitors it numbers and the
+region it watches are in the desktop's own pixels, Xwayland's (`desktop_monitors`, in mss numbering as on X11), so
+each grab maps them into the screenshot (`screenshot_map`: the layout's top-left corner at 0,0, one scale). A
+screenshot that is not that layout at one scale is refused, naming both sizes: DeskEye cannot tell where the region
+and its own windows are in it.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from typing import TYPE_CHECKING, Mapping
 
 from deskeye.errors import CaptureError
 from deskeye.language import N_, _
-from deskeye.see.geometry import Rect
+from deskeye.see.geometry import FrameMap, Rect
+from deskeye.see.monitors import desktop_monitors
 from deskeye.see.portal_request import NO_PORTAL, PortalBus, error_text
 from deskeye.see.portal_screencast import desktop_name
 
@@ -48,6 +58,9 @@ CLOCK_SLACK_S = 2.0          # a file's times may lag the request's start by thi
 
 # What the user reads (translated where it is raised).
 BAD_SCREENSHOT = N_("The screenshot portal answered a file DeskEye does not read ({why}).")
+NOT_THE_DESKTOP = N_("The portal's screenshot is {width}x{height}, which is not the desktop's monitors as Xwayland "
+                     "lays them out ({monitors}) at any one scale: DeskEye cannot tell where the watched region and "
+                     "its own windows are in it, so it sends nothing.")
 REGION_OFF_SCREEN = N_("The region {region} lies outside the screen ({width}x{height}): set capture.region (or "
                        "--region) inside it.")
 
@@ -119,6 +132,25 @@ def remove_screenshot(path: Path, read: os.stat_result, since_s: float) -> str:
         os.close(folder)
 
 
+def screenshot_map(size: tuple[int, int], monitors: list[Rect]) -> tuple[list[Rect], FrameMap]:
+    """The monitors (mss numbering, desktop pixels; [0] their bounding box) and where the desktop's pixels lie in a
+    screenshot of `size`: the bounding box of `monitors[1:]` (the X server's, `desktop_monitors`) scaled to it, one
+    scale for both sides. Without monitors, the screenshot itself is the one monitor, at 0,0 (scale 1). CaptureError
+    where the screenshot is not the monitors' bounding box at one scale."""
+    width, height = size
+    screens = monitors[1:]
+    if not screens:
+        whole = Rect(0, 0, width, height)
+        return [whole, whole], FrameMap()
+    left, top = min(m.left for m in screens), min(m.top for m in screens)
+    box = Rect(left, top, max(m.right for m in screens) - left, max(m.bottom for m in screens) - top)
+    scale = width / box.width if box.width > 0 else 0.0
+    if scale <= 0 or abs(box.width * scale - width) > 1 or abs(box.height * scale - height) > 1:
+        listed = ", ".join(f"{m.width}x{m.height}+{m.left}+{m.top}" for m in screens)
+        raise CaptureError(_(NOT_THE_DESKTOP).format(width=width, height=height, monitors=listed))
+    return [box, *screens], FrameMap(left, top, scale, scale)
+
+
 class PortalScreenshotBackend:
     """The capture backend of a Wayland session whose portal takes screenshots but streams nothing (wlroots
     without a GPU). One per thread, like every backend; each grab is one portal call."""
@@ -133,7 +165,7 @@ class PortalScreenshotBackend:
                 self._bus.property(SCREENSHOT, "version")
             except Exception as exc:   # GLib.Error: no portal, or none with Screenshot
                 raise CaptureError(_(NO_PORTAL).format(cause=error_text(exc))) from None
-            self._size = self._screenshot().size      # the screen's size, and the proof that it works
+            self._screenshot()                        # the screen's layout, and the proof that it works
         except BaseException:
             self._bus.close()
             raise
@@ -157,7 +189,7 @@ class PortalScreenshotBackend:
         except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
             raise CaptureError(_(BAD_SCREENSHOT).format(why=f"{path}: {exc}")) from None
         log.debug("portal screenshot %dx%d from %s", image.width, image.height, path)
-        self._size = image.size
+        self._monitors, self._map = screenshot_map(image.size, desktop_monitors())
         return image
 
     def _remove(self, path: Path, read: os.stat_result, asked_s: float) -> None:
@@ -173,13 +205,14 @@ class PortalScreenshotBackend:
             log.debug("the portal's screenshot %s was left on disk: %s", path, why)
 
     def monitors(self) -> list[Rect]:
-        width, height = self._size
-        return [Rect(0, 0, width, height), Rect(0, 0, width, height)]
+        """The desktop's monitors as the last screenshot found them (desktop pixels, mss numbering)."""
+        return list(self._monitors)
 
     def grab(self, rect: Rect) -> "Image.Image":
+        """`rect` (desktop pixels) cut out of a new screenshot, in the screenshot's own pixels."""
         image = self._screenshot()
-        box = (max(rect.left, 0), max(rect.top, 0), min(rect.left + rect.width, image.width),
-               min(rect.top + rect.height, image.height))
+        left, top, right, bottom = self._map.box(rect)
+        box = (max(left, 0), max(top, 0), min(right, image.width), min(bottom, image.height))
         if box[2] <= box[0] or box[3] <= box[1]:
             raise CaptureError(_(REGION_OFF_SCREEN).format(region=rect, width=image.width, height=image.height))
         return image.crop(box)
