@@ -38,6 +38,7 @@ from deskeye.see.capture import check_display
 from deskeye.see.geometry import Rect
 from deskeye.settings import Settings
 from deskeye.ui.hotkey_route import HotkeyRoute, Route, hotkey_route
+from deskeye.ui.portal_shortcuts import PortalShortcuts
 from deskeye.ui.hotkeys import Hotkeys
 from deskeye.ui.overlay import Kind, Overlay, OverlayContent
 from deskeye.ui.speech import Speaker
@@ -64,7 +65,7 @@ class App:
         self.supervisor, self.client, self.first_look = parts.supervisor, parts.client, parts.first_look
         self.overlay: Overlay | None = None       # made when the app starts, with its actions
         self.tray: Tray | None = None
-        self.hotkeys: Hotkeys | None = None
+        self.hotkeys: Hotkeys | PortalShortcuts | None = None
         self.trigger: TriggerListener | None = None      # `deskeye trigger` (deskeye/ui/trigger.py)
         self.hotkey_route: HotkeyRoute | None = None     # how the user's keys reach the app: said once at start
         self.answering = Answering(settings, parts, show=self._show, is_paused=lambda: self.is_paused)
@@ -139,7 +140,9 @@ class App:
             except DeskEyeError as exc:       # the hotkeys and the tray still work: say so and carry on
                 log.warning("%s", exc)
                 self._show(Kind.ERROR, str(exc))
-        self.hotkey_route = hotkey_route(self.settings.hotkeys, hotkeys_running=self.hotkeys is not None)
+        bound = self.hotkeys.bound if isinstance(self.hotkeys, PortalShortcuts) else None
+        self.hotkey_route = hotkey_route(self.settings.hotkeys, hotkeys_running=self.hotkeys is not None,
+                                         portal_bound=bound)
         if self.trigger is not None and self.hotkey_route.route == Route.TRIGGER_COMMAND:
             self._show(Kind.NOTICE, "\n\n".join(filter(None, (self._privacy_notice, self.hotkey_route.message))))
 

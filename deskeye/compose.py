@@ -27,7 +27,7 @@ from deskeye.see.geometry import Rect
 from deskeye.see.window_list import SessionWindows
 from deskeye.see.x11_windows import OwnWindows
 from deskeye.settings import Settings
-from deskeye.ui.hotkeys import Hotkeys
+from deskeye.ui.hotkey_route import session_hotkeys
 from deskeye.ui.menu import MenuActions
 from deskeye.ui.notify import Notifier
 from deskeye.ui.overlay import Overlay
@@ -79,8 +79,8 @@ def build_app(settings: Settings, *, region: str | None = None, settings_path: P
         hooks=part("hooks", lambda: build_runner(settings, notifier)),
         make_overlay=part("make_overlay", lambda: _overlay_maker(settings, own_windows, change)),
         make_tray=part("make_tray", lambda: _tray_maker(settings, temp_root) if use_tray else None),
-        make_hotkeys=part("make_hotkeys", lambda: functools.partial(Hotkeys, settings.hotkeys) if use_hotkeys
-                          else None),
+        make_hotkeys=part("make_hotkeys", lambda: functools.partial(session_hotkeys, settings.hotkeys)
+                          if use_hotkeys else None),
         make_trigger=part("make_trigger", lambda: TriggerListener if use_trigger and TriggerListener.is_supported()
                           else None),
     )

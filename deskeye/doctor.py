@@ -143,8 +143,15 @@ def check_window_list(settings: Settings) -> Check:
 def check_hotkeys(settings: Settings) -> Check:
     """How the user's keys reach DeskEye in this session, as the app says it at start (deskeye/ui/hotkey_route.py):
     never a failure, since `deskeye trigger` works everywhere; on Wayland it says how to bind it."""
+    from deskeye.see.session import Session, SessionType
     from deskeye.ui.hotkey_route import hotkey_route
-    return Check("hotkeys", True, hotkey_route(settings.hotkeys).message)
+    from deskeye.hotkey_syntax import display_name
+    from deskeye.ui.portal_shortcuts import portal_offers_shortcuts
+    session = Session.detect()
+    bound = None
+    if session.kind == SessionType.WAYLAND and portal_offers_shortcuts(session.environ):
+        bound = {name: display_name(getattr(settings.hotkeys, name)) for name in ("describe", "ask", "pause")}
+    return Check("hotkeys", True, hotkey_route(settings.hotkeys, session=session, portal_bound=bound).message)
 
 
 # ------------------------------------------------------------------ GPU and model

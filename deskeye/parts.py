@@ -20,6 +20,7 @@ from deskeye.see.geometry import Rect
 from deskeye.see.window_list import SessionWindows
 from deskeye.see.x11_windows import OwnWindows
 from deskeye.ui.hotkeys import Hotkeys
+from deskeye.ui.portal_shortcuts import PortalShortcuts
 from deskeye.ui.menu import MenuActions
 from deskeye.ui.notify import Notifier
 from deskeye.ui.overlay import Overlay
@@ -48,5 +49,5 @@ class AppParts:
     hooks: HookRunner
     make_overlay: Callable[[Rect, MenuActions], Overlay]
     make_tray: Callable[[MenuActions], Tray] | None                      # None: no tray icon
-    make_hotkeys: Callable[..., Hotkeys] | None                          # None: no hotkeys
+    make_hotkeys: Callable[..., Hotkeys | PortalShortcuts] | None        # None: no hotkeys
     make_trigger: Callable[[MenuActions], TriggerListener] | None        # None: no `deskeye trigger` socket

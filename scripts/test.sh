@@ -28,6 +28,9 @@ packages=(
     # A headless sway (tests/fixtures/sway.py): its IPC tells every window, native ones too, so privacy works on
     # Wayland; with the wlr portal (its Screenshot runs grim) DeskEye sees the screen there too.
     sway xdg-desktop-portal-wlr xdg-desktop-portal-gtk grim libglib2.0-bin
+    # A headless KDE Plasma (tests/fixtures/kde.py): kwin with its portal, whose GlobalShortcuts carry DeskEye's keys
+    # into native Wayland windows; Qt's Wayland platform, and Plasma's QML the portal's Screenshot needs.
+    kwin-wayland xdg-desktop-portal-kde qtwayland5 plasma-workspace qml-module-org-kde-kirigami2
     # Answers read aloud: the speech engines, a PulseAudio null sink the tests record from, sox to measure it.
     speech-dispatcher speech-dispatcher-espeak-ng espeak-ng sox pulseaudio pulseaudio-utils
 )

@@ -33,6 +33,7 @@ from deskeye.see.session import Session
 from deskeye.settings import HotkeySettings, Settings
 from deskeye.ui.ask_box import ASK_TITLE
 from deskeye.ui.hotkey_route import Route, hotkey_route
+from deskeye.ui.portal_shortcuts import portal_trigger
 from deskeye.ui.menu import MenuActions
 from deskeye.ui.trigger import SOCKET_NAME, TriggerError, TriggerListener, send, socket_path
 from tests.fixtures.deskeye_process import REPO_ROOT, start_deskeye
@@ -321,3 +322,22 @@ def test_the_hotkey_route_is_the_global_hotkeys_on_x11_and_the_trigger_command_o
     assert "GNOME" in wayland.message and "KDE Plasma" in wayland.message
     monkeypatch.setenv("XDG_SESSION_TYPE", "wayland")
     assert check_hotkeys(Settings()).detail == wayland.message    # `deskeye doctor` says the same
+
+
+def test_where_the_desktop_binds_global_shortcuts_the_route_names_the_keys_it_bound():
+    wayland = Session.detect({"XDG_SESSION_TYPE": "wayland", "WAYLAND_DISPLAY": "wayland-0", "DISPLAY": ":0"},
+                             "linux")
+    route = hotkey_route(HotkeySettings(), session=wayland, hotkeys_running=True,
+                         portal_bound={"describe": "Ctrl+Alt+D", "ask": "", "pause": "Meta+P"})
+    assert route.route == Route.PORTAL_SHORTCUTS
+    assert "describe Ctrl+Alt+D, ask no key yet, pause Meta+P" in route.message
+    assert "System Settings › Shortcuts › deskeye" in route.message and "deskeye trigger" in route.message
+
+
+@pytest.mark.parametrize("hotkey, trigger", [
+    ("<ctrl>+<alt>+d", "CTRL+ALT+d"), ("<ctrl>++", "CTRL+plus"), ("<cmd>+<f1>", "LOGO+F1"),
+    ("<shift_l>+<space>", "SHIFT+space"), ("<ctrl_l>+<ctrl_r>+<enter>", "CTRL+Return"), ("<ctrl>+<65>", ""),
+])
+def test_a_hotkey_setting_is_offered_to_the_portal_in_its_own_format(hotkey, trigger):
+    """The XDG shortcuts format (modifiers, then an XKB keysym); a virtual key code has none: no preference."""
+    assert portal_trigger(hotkey) == trigger

@@ -203,15 +203,36 @@ class PortalBus:
             finally:
                 timer.destroy()
 
+    def session_path(self, token: str) -> str:
+        """The object path of the session this connection creates with `session_handle_token` = `token`."""
+        return f"{PORTAL_PATH}/session/{self._sender}/{token}"
+
+    def on_signal(self, interface: str, name: str, callback, *, path: str | None = None) -> None:
+        """Call `callback(parameters unpacked)` for each `name` signal of the portal's `interface` (from `path`
+        only, if given): delivered by `serve`, `pump` and during a `request`, on the thread that runs them."""
+        self._context.push_thread_default()   # the signal is delivered to the context current at subscription
+        try:
+            self.conn.signal_subscribe(PORTAL_NAME, interface, name, path, None, self._gio.DBusSignalFlags.NONE,
+                                       lambda _c, _s, _p, _i, _n, params, *_d: callback(params.unpack()))
+        finally:
+            self._context.pop_thread_default()
+
     def on_session_closed(self, session_handle: str, callback) -> None:
         """Call `callback()` when the portal ends the session (the user stopped the sharing in the desktop's
         indicator): delivered by `pump()` (and during a `request`), on the caller's thread."""
-        self._context.push_thread_default()
-        try:
-            self.conn.signal_subscribe(PORTAL_NAME, SESSION_INTERFACE, "Closed", session_handle, None,
-                                       self._gio.DBusSignalFlags.NONE, lambda *_args: callback())
-        finally:
-            self._context.pop_thread_default()
+        self.on_signal(SESSION_INTERFACE, "Closed", lambda _params: callback(), path=session_handle)
+
+    def serve(self, stop: threading.Event) -> None:
+        """Deliver this connection's signals as they come until `stop` is set (checked every WAKE_S)."""
+        while not stop.is_set():
+            with self._wait_lock:
+                timer = self._glib.timeout_source_new(int(WAKE_S * 1000))
+                timer.set_callback(lambda *_args: False)
+                timer.attach(self._context)
+                try:
+                    self._context.iteration(True)
+                finally:
+                    timer.destroy()
 
     def pump(self) -> None:
         """Deliver the signals that came meanwhile, without waiting (another thread's wait delivers them too)."""
