@@ -1,11 +1,14 @@
-"""DeskEye on a KDE Plasma Wayland desktop: a global shortcut describes while a native Wayland window has focus.
+"""DeskEye on a KDE Plasma Wayland desktop: a global shortcut describes while a native Wayland window has focus, and
+title exclusions hold on native windows.
 
 A real headless kwin_wayland 5.27 session with PipeWire and the KDE portal (tests/fixtures/kde.py), one per file,
 shows a real GTK program as a native Wayland window, full screen and focused, with a known line of text. pynput never
 hears a key pressed there (it hears X11 windows' keys only): the real `deskeye run` asks the desktop's GlobalShortcuts
 portal for its shortcuts, KDE registers them (kglobalaccel: System Settings › Shortcuts › deskeye), and a press of
 the describe shortcut sends the native window's pixels to a recording model server. `deskeye doctor` names the same
-route.
+route. KWin tells DeskEye every window (a KWin script, deskeye/see/kwin_windows.py): a native window titled as a
+private browser window, in Chinese or English, is refused by the privacy decision, and a real `deskeye describe` sends
+nothing while it is on screen (and does once it is gone).
 
 DeskEye watches through the portal's Screenshot here (`capture.portal = "screenshot"`): KDE's ScreenCast would first
 show its chooser (no consent can be seeded for it here), and KWin's virtual output streams no frames.
@@ -16,6 +19,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from deskeye.see.privacy import WHERE_ACTIVE, check_privacy
+from deskeye.see.window_list import SessionWindows, WindowSource
+from deskeye.see.x11_windows import OwnWindows
+from deskeye.settings import Settings
+
 from tests.fixtures.deskeye_process import REPO_ROOT
 from tests.fixtures.gnome import open_native_window
 from tests.fixtures.kde import kde_desktop  # noqa: F401 - a fixture
@@ -24,6 +34,7 @@ from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import stop_process
 from tests.test_wayland_own_windows import (NATIVE_TEXT, NATIVE_WORDS, app_env, on_a_desktop, read_text,
                                             sent_frames, with_output)
+from tests.test_wayland_privacy import PRIVATE_TITLES, TITLES_UNKNOWN
 
 START_TIMEOUT_S = 120.0
 QUIET_S = 4.0                  # no describe for this long: the screen is static, nothing else asks for one
@@ -77,7 +88,7 @@ def test_on_kde_the_describe_shortcut_describes_while_a_native_window_has_focus(
     text = read_text(frames[before])
     assert all(word in text for word in NATIVE_WORDS), text                  # the native window, seen and sent
     assert "Global shortcuts from your desktop: describe Ctrl+Alt+D" in output, output
-    assert "Traceback" not in output, output
+    assert TITLES_UNKNOWN not in output and "Traceback" not in output, output       # KWin tells its windows
 
 
 @on_a_desktop
@@ -96,3 +107,170 @@ def test_doctor_on_kde_names_the_desktops_shortcuts_and_checks_the_screenshot(kd
     assert lines["capture"].startswith("OK") and "Screenshot" in lines["capture"], proc.stdout + proc.stderr
     assert "pixels checked: not black" in lines["capture"], proc.stdout
     assert "Global shortcuts from your desktop: describe Ctrl+Alt+D" in lines["hotkeys"], proc.stdout
+    assert lines["privacy"].startswith("OK") and "from KWin" in lines["privacy"], proc.stdout
+
+
+# ------------------------------------------------------------------ privacy: KWin tells every window
+
+def decide(desktop):
+    """The privacy decision as the app and the one-shot commands make it in this session."""
+    windows = SessionWindows(OwnWindows(display_name=desktop.display), environ=desktop.env())
+    assert windows.source == WindowSource.KWIN
+    seen = windows.read()
+    return check_privacy(Settings().excluded_titles, region=None, windows=seen.windows, active=seen.active)
+
+
+@on_a_desktop
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_on_kde_a_private_native_window_is_refused_naming_it(kde_desktop, lang):  # noqa: F811
+    window = open_native_window(kde_desktop, PRIVATE_TITLES[lang], "Private page")
+    try:
+        verdict = decide(kde_desktop)
+    finally:
+        stop_process(window, timeout_s=5)
+    assert verdict.is_excluded, "the native private window is not seen"
+    assert PRIVATE_TITLES[lang] in verdict.reason and WHERE_ACTIVE in verdict.reason, verdict.reason
+    window = open_native_window(kde_desktop, "Notes", "Shopping list")
+    try:
+        assert not decide(kde_desktop).is_excluded          # a normal native window alone: allowed
+    finally:
+        stop_process(window, timeout_s=5)
+
+
+@on_a_desktop
+def test_describe_on_kde_never_sends_an_excluded_window(kde_desktop, tmp_path):  # noqa: F811
+    env = kde_desktop.env(**app_env(tmp_path))
+    with RecordingServer() as recorder:
+        settings = tmp_path / "settings.toml"
+        settings.write_text(kde_settings(recorder), encoding="utf-8")
+
+        def describe() -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "deskeye.cli", "--settings", str(settings), "describe",
+                                   "--json"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+        window = open_native_window(kde_desktop, PRIVATE_TITLES["zh"], "Private page")
+        try:
+            refused = describe()
+        finally:
+            stop_process(window, timeout_s=5)
+        assert refused.returncode == 3 and PRIVATE_TITLES["zh"] in refused.stderr, refused.stderr
+        assert recorder.requests == []
+        window = open_native_window(kde_desktop, "Notes", NATIVE_TEXT)
+        try:
+            allowed = describe()
+        finally:
+            stop_process(window, timeout_s=5)
+        assert allowed.returncode == 0, allowed.stderr
+        assert len(recorder.requests) == 1 and TITLES_UNKNOWN not in allowed.stderr
+
+
+# ------------------------------------------------------------------ an untrusted answer (no desktop needed)
+
+class StandInKWin:
+    """Owns org.kde.KWin on a test bus and answers its Scripting calls; on `start` it sends `answer` to DeskEye's
+    object from its own connection (`from_kwin`) or from another program's (a forged report), or nothing."""
+
+    SCRIPTING_XML = """<node><interface name="org.kde.kwin.Scripting">
+      <method name="loadScript"><arg type="s" direction="in"/><arg type="s" direction="in"/>
+        <arg type="i" direction="out"/></method>
+      <method name="start"/>
+      <method name="unloadScript"><arg type="s" direction="in"/><arg type="b" direction="out"/></method>
+    </interface></node>"""
+
+    def __init__(self, address: str, answer: str | None, *, from_kwin: bool = True):
+        import threading
+
+        from gi.repository import Gio, GLib
+        self.answer, self.from_kwin, self.scripts = answer, from_kwin, []
+        flags = Gio.DBusConnectionFlags.AUTHENTICATION_CLIENT | Gio.DBusConnectionFlags.MESSAGE_BUS_CONNECTION
+        self.conn = Gio.DBusConnection.new_for_address_sync(address, flags, None, None)
+        self.other = Gio.DBusConnection.new_for_address_sync(address, flags, None, None)
+        self.context = GLib.MainContext.new()
+        self.context.push_thread_default()
+        try:
+            interface = Gio.DBusNodeInfo.new_for_xml(self.SCRIPTING_XML).interfaces[0]
+            self.conn.register_object("/Scripting", interface, self._on_call, None, None)
+        finally:
+            self.context.pop_thread_default()
+        owned = self.conn.call_sync("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                    "RequestName", GLib.Variant("(su)", ("org.kde.KWin", 4)), None, 0, 5000, None)
+        assert owned.unpack() == (1,)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            self.context.iteration(False)
+            self.stop.wait(0.005)
+
+    def _on_call(self, _conn, sender, _path, _interface, method, params, invocation):
+        from gi.repository import GLib
+        if method == "loadScript":
+            self.scripts.append(params.unpack()[0])
+            invocation.return_value(GLib.Variant("(i)", (len(self.scripts),)))
+        elif method == "unloadScript":
+            invocation.return_value(GLib.Variant("(b)", (True,)))
+        else:
+            invocation.return_value(None)
+            if self.answer is not None:
+                via = self.conn if self.from_kwin else self.other
+                via.call(sender, "/org/deskeye/KWinWindows", "org.deskeye.KWinWindows", "Report",
+                         GLib.Variant("(s)", (self.answer,)), None, 0, 5000, None, None, None)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.conn.close_sync(None)
+        self.other.close_sync(None)
+
+
+def read_from_stand_in(dbus_session, answer, **options):
+    from deskeye.see.kwin_windows import KWinWindows
+    kwin = StandInKWin(dbus_session, answer, **options)
+    windows = KWinWindows({"DBUS_SESSION_BUS_ADDRESS": dbus_session, "XDG_CURRENT_DESKTOP": "KDE"})
+    try:
+        return windows.read()
+    finally:
+        windows.close()
+        kwin.close()
+
+
+WINDOW = {"id": "{0f}", "x11": 0, "caption": "Notes", "app": ["notes", "Notes", ""], "pid": 42, "x": 0, "y": 0,
+          "width": 800, "height": 600, "active": True, "visible": True}
+
+
+def test_kwins_own_report_is_read_field_by_field(dbus_session):
+    import json
+    windows = read_from_stand_in(dbus_session, json.dumps([WINDOW, {**WINDOW, "x": "left"}, "junk",
+                                                           {**WINDOW, "caption": 7, "pid": True, "x11": 4242}]))
+    assert [(w.title, w.pid, w.x11_id, w.focused) for w in windows] == [("Notes", 42, None, True), ("", None, 4242,
+                                                                                                     True)]
+    assert windows[0].window_id != windows[1].window_id and windows[0].rect.width == 800
+
+
+def test_a_report_from_another_program_than_kwin_is_ignored(dbus_session):
+    """Anyone on the bus can call DeskEye's object: a forged, empty window list would hide a private window."""
+    import json
+
+    from deskeye.see.kwin_windows import KWinError
+    with pytest.raises(KWinError, match="did not list its windows within"):
+        read_from_stand_in(dbus_session, json.dumps([]), from_kwin=False)
+
+
+@pytest.mark.parametrize("answer, problem", [
+    (None, "did not list its windows within"), ("not json", "not JSON"), ('{"a": 1}', "not a JSON list"),
+    ("[" * 100_000 + "]" * 100_000, "not JSON"), ("[]" + " " * (9 << 20), "at most"),
+])
+def test_a_kwin_that_answers_nothing_or_garbage_is_an_error_not_an_empty_desktop(dbus_session, answer, problem):
+    from deskeye.see.kwin_windows import KWinError
+    with pytest.raises(KWinError, match=problem):
+        read_from_stand_in(dbus_session, answer)
+
+
+def test_where_kwin_is_not_on_the_bus_privacy_looks_at_nothing(dbus_session):
+    from deskeye.errors import DeskEyeError
+    windows = SessionWindows(OwnWindows(), environ={"DBUS_SESSION_BUS_ADDRESS": dbus_session, "XDG_SESSION_TYPE":
+                                                    "wayland", "WAYLAND_DISPLAY": "wayland-9", "XDG_CURRENT_DESKTOP":
+                                                    "KDE"})
+    with pytest.raises(DeskEyeError, match="DeskEye is not looking"):
+        windows.read()

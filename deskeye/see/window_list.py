@@ -5,8 +5,10 @@ says where the desktop does not tell.
 - Wayland with sway, or any compositor that speaks its i3 IPC ($SWAYSOCK): the compositor's tree
   (deskeye/see/sway_windows.py), native and Xwayland windows alike, with the focused one. Title exclusions and the
   private-browser check (the window's app id and its process's command line) work as on X11.
-- Wayland elsewhere (GNOME: org.gnome.Shell.Introspect refuses ordinary programs; KDE Plasma, which would need a
-  KWin script; weston): no program may read the native windows. Only Xwayland's X11 windows are known, and they
+- KDE Plasma on Wayland: KWin's own list, read with a KWin script (deskeye/see/kwin_windows.py), native and Xwayland
+  windows alike, with the active one. Title exclusions and the private-browser check work as on X11.
+- Wayland elsewhere (GNOME: org.gnome.Shell.Introspect refuses ordinary programs; weston): no program may read the
+  native windows. Only Xwayland's X11 windows are known, and they
   are still checked as on X11.
 
 What DeskEye does where titles are unknown (issue 23, "privacy never silently weaker"): it does not refuse to look
@@ -31,6 +33,7 @@ from typing import Mapping
 
 from deskeye.errors import DeskEyeError
 from deskeye.language import N_, _
+from deskeye.see.kwin_windows import KWinError, KWinWindow, KWinWindows, kwin_runs
 from deskeye.see.privacy import SeenWindow, shown_title
 from deskeye.see.session import Session, SessionType
 from deskeye.see.sway_windows import SwayIpcError, SwayWindow, read_windows, socket_path
@@ -52,11 +55,14 @@ NONE_CONFIGURED = N_("(none configured)")
 WINDOWS_UNREADABLE = N_("DeskEye is not looking: it cannot read the window list from {desktop} ({error}), so it "
                         "cannot tell whether an excluded window is on screen. Nothing was captured or sent.")
 KNOWN_FROM_SWAY = N_("window titles from {desktop}'s IPC ({socket}): excluded titles are enforced on every window")
+KNOWN_FROM_KWIN = N_("window titles from KWin ({desktop}), read with a KWin script: excluded titles are enforced on "
+                     "every window")
 KNOWN_FROM_X11 = N_("window titles from the X server ({display}): excluded titles are enforced")
 
 class WindowSource(StrEnum):
     X11 = "x11"                  # the X server's window list
     SWAY = "sway"                # sway's i3 IPC tree
+    KWIN = "kwin"                # KWin's list, through a KWin script (KDE Plasma)
     NONE = "none"                # a Wayland desktop that tells no one: only Xwayland's windows are known
 
 
@@ -80,7 +86,9 @@ class SessionWindows:
         if self.session.kind != SessionType.WAYLAND:
             self.source = WindowSource.X11
         else:
-            self.source = WindowSource.SWAY if self.socket else WindowSource.NONE
+            self.source = (WindowSource.SWAY if self.socket else WindowSource.KWIN if kwin_runs(environ)
+                           else WindowSource.NONE)
+        self._kwin = KWinWindows(environ) if self.source == WindowSource.KWIN else None
         self.desktop = _desktop_name(environ, self.session, self.source)
 
     @property
@@ -89,16 +97,16 @@ class SessionWindows:
 
     def read(self) -> SeenWindows:
         """The windows now; DeskEyeError (with WINDOWS_UNREADABLE) where the compositor should tell and does not."""
-        if self.source != WindowSource.SWAY:
+        if self.source not in (WindowSource.SWAY, WindowSource.KWIN):
             return SeenWindows(self.own.windows())
         try:
-            found = read_windows(self.socket)
-        except SwayIpcError as exc:
+            found = read_windows(self.socket) if self.source == WindowSource.SWAY else self._kwin.read()
+        except (SwayIpcError, KWinError) as exc:
             raise DeskEyeError(_(WINDOWS_UNREADABLE).format(desktop=self.desktop, error=exc)) from None
         own_ids, pid = self.own.registered(), self.own.pid
         windows = [_as_x_window(w, own_ids, pid) for w in found if w.visible]
-        # DeskEye's overlay and menus are override-redirect X11 windows: sway does not manage them, so its tree never
-        # lists them; Xwayland does, in sway's layout pixels (what the portal's screenshot shows, at scale 1). On top.
+        # DeskEye's overlay and menus are override-redirect X11 windows: neither sway nor KWin manages them, so their
+        # lists never name them; Xwayland does, in the desktop's pixels. On top.
         listed = {w.window_id for w in windows}
         windows += [w for w in self.own.windows() if w.is_own and w.window_id not in listed]
         focused = next((w for w in found if w.focused), None)
@@ -127,19 +135,22 @@ class SessionWindows:
         """Which window list is live, for `deskeye doctor` (the notice where there is none)."""
         if self.source == WindowSource.SWAY:
             return _(KNOWN_FROM_SWAY).format(desktop=self.desktop, socket=self.socket)
+        if self.source == WindowSource.KWIN:
+            return _(KNOWN_FROM_KWIN).format(desktop=self.desktop)
         return _(KNOWN_FROM_X11).format(display=self.session.display or "no display")
 
     def close_thread(self) -> None:
         self.own.close_thread()
 
 
-def _as_x_window(window: SwayWindow, own_ids: frozenset[int], pid: int) -> XWindow:
-    """A sway window as privacy and masking read an X11 one. DeskEye's own: an X11 window its Tk thread registered,
+def _as_x_window(window: SwayWindow | KWinWindow, own_ids: frozenset[int], pid: int) -> XWindow:
+    """A sway or KWin window as privacy and masking read an X11 one. DeskEye's own: an X11 window its Tk thread registered,
     its own process, or its class or title (window_facts)."""
     is_own = (window.x11_id in own_ids or window.pid == pid
               or OWN_WINDOW_CLASS in (name.casefold() for name in window.app)
               or window.title.casefold().startswith(OWN_TITLE_PREFIX))
-    return XWindow(window.x11_id or window.con_id, window.rect, window.title, is_own, window.app, window.pid)
+    window_id = window.window_id if isinstance(window, KWinWindow) else window.x11_id or window.con_id
+    return XWindow(window_id, window.rect, window.title, is_own, window.app, window.pid)
 
 
 def _desktop_name(environ: Mapping[str, str], session: Session, source: WindowSource) -> str:
