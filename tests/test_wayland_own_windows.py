@@ -109,27 +109,34 @@ def check_overlay_on_screen(screen, box) -> None:
 
 
 def check_frames(frames, box) -> None:
-    """Every frame holds the native window's text and none of the overlay's; where the overlay is, the frame is
-    masked (the region is the whole monitor: frame pixels are screen pixels)."""
+    """Every frame holds the native window's text and none of the overlay's. Once the overlay shows (after the
+    first frame), no pixel of its answer colour is in a frame, and the frame is masked where the overlay is: one
+    solid rectangle at the overlay's corner and of its width (the region is the whole monitor: frame pixels are
+    screen pixels). Its height is the overlay's when the frame was grabbed, which follows the overlay's text then (a
+    notice, "thinking", a growing answer): the test's screenshot `box` may show another."""
     assert len(frames) >= 2, f"{len(frames)} frame(s) sent"
-    left, top, right, bottom = box
-    inner = (left + 2, top + 2, right - 2, bottom - 2)
     for number, frame in enumerate(frames):
         text = read_text(frame)
         assert all(word in text for word in NATIVE_WORDS), (number, text)
         assert not any(word in text for word in OVERLAY_WORDS), f"frame {number} shows the overlay: {text}"
     for number, frame in enumerate(frames[1:], 1):         # the first was grabbed before the answer showed
-        colours = frame.crop(inner).getcolors(16)
-        assert colours is not None and [c for _n, c in colours] == [MASK_COLOUR], (number, colours)
-        assert masked_box(frame, box) == box, (number, "the mask is not where the compositor shows the overlay")
+        assert overlay_box(frame) is None, (number, "the overlay's pixels are in the frame")
+        mask = masked_box(frame, box, whole_column=True)
+        assert mask is not None, (number, "nothing is masked")
+        colours = frame.crop(mask).getcolors(16)
+        assert colours is not None and [c for _n, c in colours] == [MASK_COLOUR], (number, mask, colours)
+        assert (mask[0], mask[2], mask[3]) == (box[0], box[2], box[3]), \
+            (number, mask, box, "the mask is not where the compositor shows the overlay")
 
 
-def masked_box(frame, box, slack_px: int = 12) -> tuple[int, int, int, int] | None:
+def masked_box(frame, box, slack_px: int = 12, *, whole_column: bool = False) -> tuple[int, int, int, int] | None:
     """The box of MASK_COLOUR pixels within `slack_px` around `box` (the Xwayland geometry the mask was painted at,
-    as the compositor's pixels show it: equal to `box` where the two coordinate systems agree)."""
+    as the compositor's pixels show it: equal to `box` where the two coordinate systems agree); `whole_column`: in
+    `box`'s columns from the frame's top to its bottom (the native window's black text lies left of them)."""
     import numpy as np
-    left, top = max(box[0] - slack_px, 0), max(box[1] - slack_px, 0)
-    around = np.asarray(frame.crop((left, top, box[2] + slack_px, box[3] + slack_px)))
+    left, top = max(box[0] - slack_px, 0), 0 if whole_column else max(box[1] - slack_px, 0)
+    bottom = frame.height if whole_column else box[3] + slack_px
+    around = np.asarray(frame.convert("RGB").crop((left, top, box[2] + slack_px, bottom)))
     ys, xs = np.nonzero((around == np.array(MASK_COLOUR, dtype=around.dtype)).all(axis=2))
     if not len(xs):
         return None
