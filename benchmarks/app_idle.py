@@ -3,7 +3,7 @@ describes per minute with a ticking xclock in the watched region. Side by side i
 test desktop, the real `deskeye run --engine ocr` with default settings (the OCR worker; only its start-up and
 request timeouts raised for a busy machine).
 
-    .venv/bin/python -m benchmarks.app_idle [--desktop x11|gnome|sway] [--minutes 1] [--case static|clock|both]
+    .venv/bin/python -m benchmarks.app_idle [--desktop x11|gnome|kwin|sway] [--minutes 1] [--case static|clock|both]
                                             [--json-out PATH]
 
 Desktops (`--desktop`, default x11):
@@ -11,6 +11,10 @@ Desktops (`--desktop`, default x11):
 - gnome: headless gnome-shell 43 with PipeWire and the GNOME portal (tests/fixtures/gnome.py), a native GTK window
   with the same lines full screen; DeskEye runs inside the session's namespaces and sees it through the portal's
   ScreenCast, the user's consent played with a seeded restore token. Static screen only.
+- kwin: headless kwin_wayland 5.27 with the KDE portal (tests/fixtures/kde.py), a native GTK window full screen;
+  DeskEye sees it through the portal's Screenshot (`capture.portal = "screenshot"`: KDE's ScreenCast would show its
+  chooser, which nobody answers here), one screenshot per capture tick, and reads KWin's window list (a KWin script)
+  for privacy at each one. Static screen only.
 - sway: headless sway 1.7 with the wlr portal (tests/fixtures/sway.py), a native GTK window; DeskEye sees it through
   the portal's Screenshot (the wlr ScreenCast needs a GPU), one screenshot per capture tick. Static screen only. The
   wlr portal writes the fixed file /tmp/out.png: run one sway benchmark at a time.
@@ -47,7 +51,7 @@ from tests.fixtures.processes import stop_process
 
 DEFAULT_JSON_OUT = Path("benchmarks/results/app_idle.json")
 CASES = {"static": ("static screen", False), "clock": ("xclock in the region", True)}
-DESKTOPS = ("x11", "gnome", "sway")
+DESKTOPS = ("x11", "gnome", "kwin", "sway")
 LINES = ["Traceback (most recent call last):", '  File "report.py", line 12, in <module>',
          "ZeroDivisionError: division by zero"]
 TOKEN_FILE = "deskeye/screencast-restore-token"        # where DeskEye keeps the portal's restore token
@@ -246,6 +250,33 @@ def start_gnome_case(folder: Path) -> Running:
                    "xdg-desktop-portal ScreenCast (GNOME)", stops)
 
 
+def start_kwin_case(folder: Path) -> Running:
+    """kwin_wayland headless with its portal, a native GTK window full screen, DeskEye beside it."""
+    from tests.fixtures.gnome import open_native_window
+    from tests.fixtures.kde import start_kde
+
+    desktop = start_kde(folder / "kde")
+    stops: list[Callable[[], None]] = [desktop.stop]
+    try:
+        window = open_native_window(desktop, "Report", "\n".join(LINES))
+        stops.append(lambda: stop_process(window, timeout_s=5))
+        home = deskeye_home(folder / "deskeye")
+        settings = folder / "deskeye" / "settings.toml"
+        settings.write_text(WORKER_SETTINGS + '[capture]\nportal = "screenshot"\n', encoding="utf-8")
+        env = desktop.env(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", NO_AT_BRIDGE="1", **home)
+        proc = subprocess.Popen([sys.executable, "-m", "deskeye.cli", "--settings", str(settings), "run",
+                                 "--engine", "ocr"], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        app = DeskEyeProcess(proc, desktop, [])
+        stops.append(app.stop)
+    except BaseException:
+        for stop in reversed(stops):
+            stop()
+        raise
+    return Running("static screen", app, proc.pid, lambda: [desktop.proc.pid],
+                   "xdg-desktop-portal Screenshot (KDE)", stops)
+
+
 def start_sway_case(folder: Path) -> Running:
     """sway headless with its portal, a native GTK window, DeskEye beside it (as root, as the tests run it)."""
     from tests.fixtures.sway import start_sway
@@ -289,6 +320,8 @@ def start_cases(desktop: str, case: str, folder: Path) -> list[Running]:
         return [start_gnome_case(folder)]
     if desktop == "sway":
         return [start_sway_case(folder)]
+    if desktop == "kwin":
+        return [start_kwin_case(folder)]
     cases = CASES.values() if case == "both" else [CASES[case]]
     running: list[Running] = []
     try:

@@ -156,10 +156,9 @@ class App:
             self.live_settings.start(self._settings_changed)
 
     def _overlay_area(self) -> Rect:
-        """The watched monitor (the overlay goes to its top-right); checks the region lies on it."""
+        """The watched monitor (the overlay goes to its corner); checks the region lies on it."""
         try:
-            self.grabber.rect()
-            return self.grabber.monitor()
+            return self.grabber.overlay_monitor()
         finally:
             self.grabber.close_thread()
 

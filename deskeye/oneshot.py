@@ -90,7 +90,8 @@ def _grab_png(args, settings: Settings) -> tuple[bytes, tuple]:
         verdict = check_privacy(settings.excluded_titles, active=active)     # needs no region: checked first
         if not verdict.is_excluded:
             rect = grabber.rect()
-            verdict = check_privacy(settings.excluded_titles, region=rect, windows=seen.windows, active=active)
+            verdict = check_privacy(settings.excluded_titles, region=grabber.privacy_region(), windows=seen.windows,
+                                    active=active)
         if verdict.is_excluded:
             raise PrivacyRefusal(verdict.reason)
         print(LOOKING_AT.format(width=rect.width, height=rect.height, left=rect.left, top=rect.top,

@@ -120,10 +120,15 @@ class CaptureSettings:
     extra_excluded_titles: list[str] = field(default_factory=list)   # the user's additions
     debug_save_frames_dir: str = ""   # "" = never write a screenshot to disk
     portal: str = "auto"              # Wayland: auto | screencast | screenshot (deskeye/see/backends.py)
+    source: str = "monitor"           # Wayland: monitor | window (one window the user picks in the desktop's dialog)
 
     def __post_init__(self):
         _check_numbers(self, "capture")
         _check(self.portal in PORTAL_CAPTURES, "capture.portal", " | ".join(PORTAL_CAPTURES), value=self.portal)
+        _check(self.source in CAPTURE_SOURCES, "capture.source", " | ".join(CAPTURE_SOURCES), value=self.source)
+        _check(self.source != "window" or self.portal != "screenshot", "capture.source",
+               'monitor where capture.portal = "screenshot" (a window is shared through the ScreenCast portal)',
+               value=self.source)
         if self.region:
             parse_region(self.region, key="capture.region")
         for key in ("excluded_titles", "extra_excluded_titles"):     # a blank entry would match nothing, silently
@@ -133,6 +138,7 @@ class CaptureSettings:
 
 
 PORTAL_CAPTURES = ("auto", "screencast", "screenshot")     # capture.portal
+CAPTURE_SOURCES = ("monitor", "window")                   # capture.source
 
 
 @dataclass

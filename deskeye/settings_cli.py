@@ -64,6 +64,8 @@ DESCRIPTIONS = {
                                      "a screenshot to disk.",
     "capture.portal": 'On Wayland: "auto" (the portal\'s ScreenCast where offered, else its Screenshot), '
                       '"screencast" or "screenshot".',
+    "capture.source": 'On Wayland: "monitor", or "window": one window you pick in the desktop\'s sharing '
+                      "dialog (only it is seen; capture.region, if set, is then in that window's pixels).",
     "hotkeys.describe": "Describe the region now.",
     "hotkeys.pause": "Pause / resume the capture loop.",
     "hotkeys.ask": "Open the Ask box (type a question, Enter to ask, Esc to close).",

@@ -82,6 +82,12 @@ def test_each_thread_grabs_with_its_own_mss_instance(xdisplay, open_window):
     grabber.close_thread()
 
 
+def test_watching_one_window_on_x11_says_it_needs_a_wayland_desktops_dialog(xdisplay):
+    """capture.source = "window" is a Wayland desktop's sharing dialog: on X11 a clear error, never the whole screen."""
+    with pytest.raises(CaptureError, match=r'X11 session: set capture.source = "monitor"'):
+        ScreenGrabber(CaptureSettings(source="window")).grab()
+
+
 def test_region_is_clipped_to_the_monitor_or_rejected_with_a_clear_error(xdisplay):
     monitor = Rect(0, 0, 1920, 1080)
     assert resolve_region(monitor, (1800, 1000, 400, 300)) == Rect(1800, 1000, 120, 80)

@@ -16,11 +16,13 @@ show its chooser (no consent can be seeded for it here), and KWin's virtual outp
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 
 import pytest
 
+from deskeye.see.portal_token import WINDOW_TOKEN_FILE
 from deskeye.see.privacy import WHERE_ACTIVE, check_privacy
 from deskeye.see.window_list import SessionWindows, WindowSource
 from deskeye.see.x11_windows import OwnWindows
@@ -28,12 +30,14 @@ from deskeye.settings import Settings
 
 from tests.fixtures.deskeye_process import REPO_ROOT
 from tests.fixtures.gnome import open_native_window
-from tests.fixtures.kde import kde_desktop  # noqa: F401 - a fixture
+from tests.fixtures.kde import WIDTH, kde_desktop  # noqa: F401 - a fixture
 from tests.fixtures.openai_recorder import RecordingServer
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import stop_process
-from tests.test_wayland_own_windows import (NATIVE_TEXT, NATIVE_WORDS, app_env, on_a_desktop, read_text,
-                                            sent_frames, with_output)
+from tests.test_wayland_own_windows import (ASK_PROMPT_WORDS, MARGIN_PX, NATIVE_TEXT, NATIVE_WORDS, app_env,
+                                            check_frames, check_overlay_on_screen, keep_for_a_look, on_a_desktop,
+                                            read_text, sent_frames, settings_text, wait_for_overlay, watch_more,
+                                            with_output)
 from tests.test_wayland_privacy import PRIVATE_TITLES, TITLES_UNKNOWN
 
 START_TIMEOUT_S = 120.0
@@ -108,6 +112,97 @@ def test_doctor_on_kde_names_the_desktops_shortcuts_and_checks_the_screenshot(kd
     assert "pixels checked: not black" in lines["capture"], proc.stdout
     assert "Global shortcuts from your desktop: describe Ctrl+Alt+D" in lines["hotkeys"], proc.stdout
     assert lines["privacy"].startswith("OK") and "from KWin" in lines["privacy"], proc.stdout
+
+
+# ------------------------------------------------------------------ DeskEye's own windows
+
+@on_a_desktop
+def test_on_kde_the_overlay_is_on_top_and_never_described(kde_desktop, tmp_path):  # noqa: F811
+    """The overlay (an Xwayland window) is drawn above the full-screen native window, and painted over in every
+    frame sent; the Ask box shows above it."""
+    from PIL import Image
+
+    env = kde_desktop.env(**app_env(tmp_path))
+    window = open_native_window(kde_desktop, "Native GTK window", NATIVE_TEXT)
+    shot = tmp_path / "screen.png"
+
+    def screenshot():
+        kde_desktop.screenshot(shot)
+        with Image.open(shot) as image:
+            return image.convert("RGB")
+
+    def trigger(action: str):
+        return subprocess.run([sys.executable, "-m", "deskeye.cli", "trigger", action], capture_output=True,
+                              text=True, timeout=30, cwd=REPO_ROOT, env=env)
+    try:
+        with RecordingServer() as recorder:
+            settings = tmp_path / "settings.toml"
+            settings.write_text(settings_text(recorder).replace("[capture]\n", '[capture]\nportal = "screenshot"\n'),
+                                encoding="utf-8")
+            proc = subprocess.Popen([sys.executable, "-m", "deskeye.cli", "--settings", str(settings), "run"],
+                                    cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+            try:
+                assert wait_until(lambda: sent_frames(recorder), START_TIMEOUT_S), "no frame was sent"
+                screen, box = wait_for_overlay(screenshot)
+                watch_more(recorder, trigger)
+                assert proc.poll() is None, "deskeye run stopped"
+                assert trigger("ask").returncode == 0
+                column = (box[0] - MARGIN_PX, max(box[1] - 200, 0), WIDTH, box[1])     # just above the overlay
+                asking = wait_until(lambda: ASK_PROMPT_WORDS in (text := read_text(screenshot().crop(column)))
+                                    and text, 20, interval_s=0.3)
+            except AssertionError as exc:
+                stop_process(proc, timeout_s=30)
+                raise AssertionError(with_output(exc, proc)) from None
+            finally:
+                stop_process(proc, timeout_s=30)
+            output = proc.stdout.read()
+            frames = sent_frames(recorder)
+    finally:
+        stop_process(window, timeout_s=5)
+    keep_for_a_look(tmp_path, screen, frames)
+    check_overlay_on_screen(screen, box)
+    check_frames(frames, box)
+    assert asking, "the Ask box did not show above the overlay"
+    assert "Traceback" not in output, output
+
+
+# ------------------------------------------------------------------ watching one window
+
+SHARED_TEXT, SHARED_WORDS = "SHARED WINDOW 5309", ("shared", "5309")
+COVER_TEXT = "COVERING WINDOW 1122"
+
+
+@on_a_desktop
+def test_watching_one_window_sees_it_under_another_and_nothing_else(kde_desktop, tmp_path):  # noqa: F811
+    """capture.source = "window": the desktop's dialog offers windows (the user's pick of one played with a seeded
+    restore token for it); DeskEye reads that window's own pixels through the ScreenCast portal, even with another
+    window full screen above it, and sends nothing of the covering window."""
+    env = kde_desktop.env(**app_env(tmp_path))
+    shared = open_native_window(kde_desktop, "Shared notes", SHARED_TEXT)
+    cover = open_native_window(kde_desktop, "Covering window", COVER_TEXT)          # above it, focused
+    try:
+        token = tmp_path / "xdg_state_home" / "deskeye" / WINDOW_TOKEN_FILE
+        token.parent.mkdir(mode=0o700, parents=True)
+        token.write_text(kde_desktop.consent_to_window_screencast(kde_desktop.window_id("Shared notes")),
+                         encoding="ascii")
+        token.chmod(0o600)
+        with RecordingServer() as recorder:
+            settings = tmp_path / "settings.toml"
+            settings.write_text(kde_settings(recorder).replace('portal = "screenshot"', 'source = "window"'),
+                                encoding="utf-8")
+            proc = subprocess.run([sys.executable, "-m", "deskeye.cli", "--settings", str(settings), "describe",
+                                   "--json"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+            frames = sent_frames(recorder)
+    finally:
+        stop_process(cover, timeout_s=5)
+        stop_process(shared, timeout_s=5)
+    assert proc.returncode == 0, proc.stderr
+    assert len(frames) == 1 and frames[0].size == (WIDTH, 800), [f.size for f in frames]    # the whole window
+    text = read_text(frames[0])
+    assert all(word in text for word in SHARED_WORDS) and "covering" not in text, text
+    assert "asks once which window" not in proc.stderr, proc.stderr                # the seeded pick was restored
+    assert token.read_text(encoding="ascii") and stat.S_IMODE(token.stat().st_mode) == 0o600
 
 
 # ------------------------------------------------------------------ privacy: KWin tells every window

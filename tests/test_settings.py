@@ -79,6 +79,8 @@ def test_default_location_follows_xdg_config_home(tmp_path, monkeypatch, capsys)
     ('[wroker]\nengine = "ocr"\n', ["[wroker]", "known:", "worker"]),
     ('[capture]\nregion = "10,10"\n', ["capture.region", "X,Y,W,H"]),
     ('[capture]\nportal = "pipewire"\n', ["capture.portal", "'pipewire'", "auto | screencast | screenshot"]),
+    ('[capture]\nsource = "tab"\n', ["capture.source", "'tab'", "monitor | window"]),
+    ('[capture]\nsource = "window"\nportal = "screenshot"\n', ["capture.source", "ScreenCast portal"]),
     ("[worker\n", ["not valid TOML"]),
 ])
 def test_bad_file_exits_2_naming_key_and_allowed_values(tmp_path, capsys, body, expected):

@@ -36,6 +36,9 @@ WAYLAND_VARIABLES = N_("Start DeskEye inside the Wayland session, with its WAYLA
                        "XDG_SESSION_TYPE=wayland set, so that it sees the screen through xdg-desktop-portal.")
 SCREENCAST_FAILED_TRYING_SCREENSHOT = N_("The ScreenCast portal cannot stream here ({error}); DeskEye takes the "
                                          "portal's screenshots instead.")
+WINDOW_NEEDS_WAYLAND = N_("capture.source = \"window\" shares one window through a Wayland desktop's screen-sharing "
+                          "dialog; this is an X11 session: set capture.source = \"monitor\" and put the window in "
+                          "capture.region.")
 NOT_OFFERED = N_("This desktop's portal does not offer {capture}, which capture.portal = \"{setting}\" asks for: set "
                 "capture.portal = \"auto\".")
 BLACK_WINDOW_OR_HIDDEN = N_("If a black window covers that region, move it or watch another region (capture.region). "
@@ -124,16 +127,35 @@ class MssBackend:
         self._sct.close()
 
 
-def open_capture_backend(session: Session | None = None, *, portal: str = "auto") -> CaptureBackend:
+def open_capture_backend(session: Session | None = None, *, portal: str = "auto",
+                         source: str = "monitor") -> CaptureBackend:
     """The capture backend for `session` (default: this process's), or CaptureError saying why there is none.
     `portal` (capture.portal, Wayland only): "auto" = ScreenCast where the portal offers it, else Screenshot;
-    "screencast" or "screenshot" = that one only. Call it once per thread that grabs: a backend is not shared
+    "screencast" or "screenshot" = that one only. `source` (capture.source): "window" = one window the user picks in
+    the desktop's ScreenCast dialog (Wayland only). Call it once per thread that grabs: a backend is not shared
     across threads."""
     session = session or Session.detect()
     if session.kind == SessionType.WAYLAND:
+        if source == "window":
+            return _open_window_backend(session)
         return _open_portal_backend(session, portal)
+    if source == "window":
+        raise CaptureError(_(WINDOW_NEEDS_WAYLAND))
     session.check_can_capture()
     return MssBackend(session)
+
+
+def _open_window_backend(session: Session) -> CaptureBackend:
+    """The portal's ScreenCast of one window: there is no other way to see only that window (no fallback)."""
+    from deskeye.see.portal_request import portal_offers
+    from deskeye.see.portal_screencast import NO_WINDOW_SOURCE, PortalScreenCastBackend
+    try:
+        screencast, _screenshot = portal_offers(session.environ)
+    except CaptureError as exc:
+        raise session.wayland_error(str(exc)) from None
+    if not screencast:
+        raise session.wayland_error(_(NO_WINDOW_SOURCE))
+    return PortalScreenCastBackend(session, session.environ, source="window")
 
 
 def _open_portal_backend(session: Session, portal: str = "auto") -> CaptureBackend:

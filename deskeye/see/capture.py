@@ -53,7 +53,7 @@ from deskeye.errors import CaptureError
 from deskeye.language import N_, _
 from deskeye.see.backends import CaptureBackend, open_capture_backend
 from deskeye.see.geometry import FrameMap, Monitor, Rect
-from deskeye.see.monitors import read_monitor
+from deskeye.see.monitors import desktop_monitors, read_monitor
 from deskeye.see.placement import default_region_on
 from deskeye.see.session import Session, SessionType
 from deskeye.settings import CaptureSettings, OverlaySettings, Settings, parse_region
@@ -98,12 +98,16 @@ class Frame:
     rect: Rect
     masked: tuple[Rect, ...] = ()
     windows: tuple = field(default=(), compare=False)
+    is_shared_window: bool = False     # one shared window's pixels: `rect` is in its own pixels, not the screen's
 
     def png(self) -> bytes:
         return to_png(self.image)
 
     def with_window_facts(self) -> Frame:
-        """This frame with the windows in its region as they are now (read from the X server)."""
+        """This frame with the windows in its region as they are now (read from the X server); a shared window's
+        frame has no place on the screen to read them at."""
+        if self.is_shared_window:
+            return self
         return dataclasses.replace(self, windows=_window_facts(self.rect, self.image))
 
     @property
@@ -192,6 +196,7 @@ class ScreenGrabber:
                  overlay: OverlaySettings | None = None, mask: Callable[[], list[Rect]] = list):
         self._monitor_number = settings.monitor
         self._portal = settings.portal       # on Wayland: which of the portal's captures (auto: ScreenCast first)
+        self.watches_window = settings.source == "window"     # one shared window is the screen (Wayland)
         self._given_region = region          # from the command line (--region): it stays when the settings change
         self._region = region_from_settings(settings, region)
         self._overlay = overlay or OverlaySettings()     # where the overlay's column is: out of the default region
@@ -218,14 +223,37 @@ class ScreenGrabber:
         """The calling thread's capture backend (made on first use: the session decides which)."""
         backend = getattr(self._local, "backend", None)
         if backend is None:
-            backend = self._local.backend = open_capture_backend(portal=self._portal)
+            backend = self._local.backend = open_capture_backend(
+                portal=self._portal, source="window" if self.watches_window else "monitor")
         return backend
 
     def monitor(self) -> Rect:
         return monitor_rect(self.backend().monitors(), self._monitor_number)
 
     def rect(self) -> Rect:
+        if self.watches_window:                  # the shared window, whole, or the region of it that was set
+            window = self.monitor()
+            return resolve_region(window, self._region) if self._region is not None else window
         return watched_region(self.layout(), self._region, self._overlay)
+
+    def overlay_monitor(self) -> Rect:
+        """The monitor DeskEye's overlay goes on: the watched one; with a shared window (which has no place on the
+        screen DeskEye can know), capture.monitor of the desktop's monitors."""
+        if not self.watches_window:
+            self.rect()                          # checks the region lies on the monitor
+            return self.monitor()
+        self.monitor()                           # opens the stream: the desktop asks which window, the first time
+        monitors = desktop_monitors()
+        return monitors[min(max(self._monitor_number, 1), len(monitors) - 1)] if len(monitors) > 1 else \
+            Rect(0, 0, 1280, 800)
+
+    def privacy_region(self) -> Rect | None:
+        """Where an excluded window must not be for a grab: the watched region; with a shared window, the whole
+        desktop (DeskEye cannot know where that window lies, so an excluded window anywhere stops the capture)."""
+        if not self.watches_window:
+            return self.rect()
+        monitors = desktop_monitors()
+        return monitors[0] if monitors else None
 
     def layout(self) -> Monitor:
         """The watched monitor with its scale and work area (read again after MONITOR_REREAD_S)."""
@@ -247,6 +275,10 @@ class ScreenGrabber:
         checked before DeskEye's own windows are painted black. On Wayland: once DeskEye's windows have settled,
         and masked where they were before and after the grab (the module's docstring says why)."""
         rect, backend = self.rect(), self.backend()
+        if self.watches_window:                  # one window's own pixels: DeskEye's windows are never in them
+            image = backend.grab(rect)
+            check_pixels(image, rect, backend)
+            return Frame(image, rect, is_shared_window=True)
         if self._settle_s:
             _wait_own_windows_settled(self._settle_s)
         image = backend.grab(rect)

@@ -80,6 +80,7 @@ class KWinWindow:
     rect: Rect                       # the desktop's pixels, with decorations
     focused: bool
     visible: bool                    # not minimized, on the current virtual desktop
+    internal_id: str = ""            # KWin's own id ("{uuid}"), what its portal keeps for a shared window
 
 
 def kwin_runs(environ: Mapping[str, str] = os.environ) -> bool:
@@ -213,7 +214,8 @@ def _window(entry: dict[str, Any]) -> KWinWindow | None:
     return KWinWindow(x11_id or NATIVE_ID_BASE + zlib.crc32(internal.encode("utf-8", "replace")), x11_id,
                       _text(entry.get("caption")), tuple(a for a in app if isinstance(a, str) and a),
                       pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None,
-                      Rect(x, y, width, height), entry.get("active") is True, entry.get("visible") is not False)
+                      Rect(x, y, width, height), entry.get("active") is True, entry.get("visible") is not False,
+                      internal[:64])
 
 
 def _text(value: Any) -> str:

@@ -20,6 +20,11 @@ stream as the monitor at 0,0 at scale 1. Measured on headless GNOME 43 at scale 
 with the first one streamed): position 0,0 and the stream's size, which Xwayland reports too. A streamed monitor at
 an offset or scaled is mapped as the portal's documentation says, not measured.
 
+"Watch this window" (`capture.source = "window"`): the desktop's dialog offers windows instead of monitors, and the
+stream is that one window's pixels, wherever it is and whatever covers it. Then the screen DeskEye sees is the window
+itself, at 0,0 in its own pixels: no other window is in its frames, DeskEye's own neither (nothing to mask), and the
+restore token is kept apart from the monitor's (deskeye/see/portal_token.py).
+
 One stream serves every thread of the process that grabs (`ScreenGrabber` opens a backend per thread): the first
 backend opens it, the last one's close() stops the pipeline and ends the portal session. A stream that ended (the
 user stopped the sharing in the desktop's indicator) is not reopened behind the user's back: the grab says so.
@@ -49,6 +54,8 @@ log = logging.getLogger(__name__)
 
 SCREENCAST = "org.freedesktop.portal.ScreenCast"
 SOURCE_MONITOR = 1
+SOURCE_WINDOW = 2
+SOURCE_TYPES = {"monitor": SOURCE_MONITOR, "window": SOURCE_WINDOW}      # capture.source
 CURSOR_HIDDEN = 1                  # the pointer is left out of the frames (it is not part of what is on screen)
 PERSIST_UNTIL_REVOKED = 2
 PERSIST_MIN_VERSION = 4            # ScreenCast version 4 added persist_mode and restore_token
@@ -69,7 +76,12 @@ ERROR_POLL_S = 0.1
 # What the user reads (translated where it is shown or raised).
 CONSENT_ONCE = N_("{desktop} asks once whether DeskEye may see the screen: choose the monitor to share and allow it. "
                   "DeskEye keeps the desktop's answer in {path}, so it does not ask again.")
+CONSENT_WINDOW_ONCE = N_("{desktop} asks once which window DeskEye may see (capture.source = \"window\"): choose it and "
+                         "allow it. Only that window is seen. DeskEye keeps the desktop's answer in {path}, so it does "
+                         "not ask again.")
 NO_MONITOR_SOURCE = N_("the ScreenCast portal offers no monitor to stream")
+NO_WINDOW_SOURCE = N_("the ScreenCast portal offers no window to stream (capture.source = \"window\"): set "
+                      "capture.source = \"monitor\"")
 NO_STREAM = N_("the ScreenCast portal started no stream")
 NO_GSTREAMER = N_("DeskEye reads the ScreenCast portal's PipeWire stream with GStreamer, which is missing here "
                   "({cause}). Install gir1.2-gstreamer-1.0, gir1.2-gst-plugins-base-1.0, gstreamer1.0-plugins-base "
@@ -114,8 +126,9 @@ def import_gst():
 class ScreenCastStream:
     """One portal ScreenCast session and the GStreamer pipeline that keeps its latest frame."""
 
-    def __init__(self, environ: Mapping[str, str] = os.environ):
+    def __init__(self, environ: Mapping[str, str] = os.environ, source: str = "monitor"):
         self.desktop = desktop_name(environ)
+        self.source = source               # capture.source: "monitor" or "window"
         self._cond = threading.Condition()
         self._sample = None
         self.num_frames = 0                # frames the compositor sent so far (benchmarks/portal_capture.py)
@@ -143,7 +156,8 @@ class ScreenCastStream:
     # ------------------------------------------------------------------ the portal session
 
     def _start_session(self) -> int:
-        """CreateSession, SelectSources (a monitor, the saved token), Start -> the PipeWire node; saves the token."""
+        """CreateSession, SelectSources (a monitor or a window, the saved token), Start -> the PipeWire node; saves
+        the token."""
         bus, variant = self._bus, self._bus.variant
         try:
             version = int(bus.property(SCREENCAST, "version"))
@@ -151,34 +165,36 @@ class ScreenCastStream:
             cursors = int(bus.property(SCREENCAST, "AvailableCursorModes"))
         except Exception as exc:   # GLib.Error: no portal on the bus, or none with ScreenCast
             raise CaptureError(_(NO_PORTAL).format(cause=error_text(exc))) from None
-        if not sources & SOURCE_MONITOR:
-            raise CaptureError(_(NO_MONITOR_SOURCE))
+        if not sources & SOURCE_TYPES[self.source]:
+            missing = NO_WINDOW_SOURCE if self.source == "window" else NO_MONITOR_SOURCE
+            raise CaptureError(_(missing))
         results = bus.request(SCREENCAST, "CreateSession", "(a{sv})",
                               ({"session_handle_token": variant("s", bus.token())},))
         self._session_handle = str(results.get("session_handle", ""))
         bus.on_session_closed(self._session_handle, self._on_closed)
-        options = {"types": variant("u", SOURCE_MONITOR), "multiple": variant("b", False)}
+        options = {"types": variant("u", SOURCE_TYPES[self.source]), "multiple": variant("b", False)}
         if cursors & CURSOR_HIDDEN:
             options["cursor_mode"] = variant("u", CURSOR_HIDDEN)
         token = ""
         if version >= PERSIST_MIN_VERSION:
             options["persist_mode"] = variant("u", PERSIST_UNTIL_REVOKED)
-            token = load_token()
+            token = load_token(token_path(self.source))
             if token:
                 options["restore_token"] = variant("s", token)
         if not token:
-            log.warning("%s", _(CONSENT_ONCE).format(desktop=self.desktop, path=token_path()))
+            consent = CONSENT_WINDOW_ONCE if self.source == "window" else CONSENT_ONCE
+            log.warning("%s", _(consent).format(desktop=self.desktop, path=token_path(self.source)))
         bus.request(SCREENCAST, "SelectSources", "(oa{sv})", (self._session_handle, options))
         results = bus.request(SCREENCAST, "Start", "(osa{sv})", (self._session_handle, "", {}),
                               timeout_s=CONSENT_TIMEOUT_S)
         if isinstance(results.get("restore_token"), str):
-            save_token(results["restore_token"])
+            save_token(results["restore_token"], token_path(self.source))
         streams = results.get("streams") or []
         if not streams or not isinstance(streams[0][0], int):
             raise CaptureError(_(NO_STREAM))
         node, properties = streams[0]
         self.position, self.logical_size = _pair(properties.get("position")), _pair(properties.get("size"))
-        log.info("ScreenCast stream: PipeWire node %d, monitor at %s, logical size %s", node,
+        log.info("ScreenCast stream of a %s: PipeWire node %d, at %s, logical size %s", self.source, node,
                  properties.get("position"), properties.get("size"))
         return node
 
@@ -329,14 +345,14 @@ def stream_map(stream_size: tuple[int, int], position: tuple[int, int] | None, l
 
 
 _shared_lock = threading.Lock()
-_shared: list = [None, 0]          # [the process's ScreenCastStream, how many backends use it]
+_shared: list = [None, 0]          # [the process's ScreenCastStream, how many backends use it] (one source a process)
 _said: set[str] = set()            # the warnings `PortalScreenCastBackend._map` gave (each once per process)
 
 
-def _acquire(environ: Mapping[str, str]) -> ScreenCastStream:
+def _acquire(environ: Mapping[str, str], source: str) -> ScreenCastStream:
     with _shared_lock:         # a second thread waits for the first one's stream (bounded by its Start)
         if _shared[0] is None:
-            _shared[0] = ScreenCastStream(environ)
+            _shared[0] = ScreenCastStream(environ, source)
         _shared[1] += 1
         return _shared[0]
 
@@ -353,23 +369,28 @@ def _release(stream: ScreenCastStream) -> None:
 
 
 class PortalScreenCastBackend:
-    """The capture backend of a Wayland session whose portal streams a monitor (GNOME, KDE Plasma)."""
+    """The capture backend of a Wayland session whose portal streams a monitor, or one window (GNOME, KDE Plasma)."""
 
-    def __init__(self, session: "Session", environ: Mapping[str, str] = os.environ):
+    def __init__(self, session: "Session", environ: Mapping[str, str] = os.environ, source: str = "monitor"):
         self.session = session
-        self._stream = _acquire(environ)
+        self._stream = _acquire(environ, source)
+        self.watches_window = source == "window"       # the frames are one window's: no other window is in them
         self._mapped: tuple | None = None      # (stream size, the monitor in desktop pixels, its FrameMap)
-        self.name = f"xdg-desktop-portal ScreenCast ({self._stream.desktop})"
+        what = f"one window, {self._stream.desktop}" if self.watches_window else self._stream.desktop
+        self.name = f"xdg-desktop-portal ScreenCast ({what})"
 
     def monitors(self) -> list[Rect]:
-        """The streamed monitor, in the desktop's pixels, as [all, primary]: both name it."""
+        """The streamed monitor, in the desktop's pixels, as [all, primary]: both name it. A shared window: the
+        window itself, in its own pixels (at 0,0)."""
         desktop = self._map()[0]
         return [desktop, desktop]
 
     def _map(self) -> tuple[Rect, FrameMap]:
         """The streamed monitor and where its pixels lie in the stream (`stream_map`); why that is not known is
-        said once, as a warning."""
+        said once, as a warning. A shared window is its own screen: its pixels are the frame's."""
         size = self._stream.size()
+        if self.watches_window:
+            return Rect(0, 0, *size), FrameMap(0, 0, 1.0, 1.0)
         if self._mapped is None or self._mapped[0] != size:
             desktop, frame_map, unknown = stream_map(size, self._stream.position, self._stream.logical_size,
                                                      desktop_monitors())

@@ -22,7 +22,8 @@ from deskeye.files import read_regular_text, write_file_atomically
 
 log = logging.getLogger(__name__)
 
-TOKEN_FILE = "screencast-restore-token"
+TOKEN_FILE = "screencast-restore-token"                  # the shared monitor's
+WINDOW_TOKEN_FILE = "screencast-window-restore-token"    # the shared window's (capture.source = "window")
 MAX_TOKEN_CHARS = 256
 _TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % MAX_TOKEN_CHARS)
 
@@ -33,8 +34,8 @@ def state_folder() -> Path:
     return Path(platformdirs.user_state_dir("deskeye", appauthor=False))
 
 
-def token_path() -> Path:
-    return state_folder() / TOKEN_FILE
+def token_path(source: str = "monitor") -> Path:
+    return state_folder() / (WINDOW_TOKEN_FILE if source == "window" else TOKEN_FILE)
 
 
 def is_token(text: str) -> bool:

@@ -16,8 +16,8 @@ at all (that would make it useless on GNOME, the most used desktop), and it neve
 first capture it says, naming the configured exclusions it cannot enforce and what to do instead: `deskeye run` once
 on stderr and in the overlay, every one-shot command (`describe`, `ask`) on stderr, `deskeye doctor` as a WARN
 line. What to do, as it tells the user: keep such windows out of the watched region or pause DeskEye while they are
-open; where the desktop's screen-sharing dialog offers a single window, share that one (only it is seen, whatever
-else is open); or log into an X11 session.
+open; or watch one window instead of the screen (`capture.source = "window"`: only the window the user picks in the
+desktop's sharing dialog is seen, whatever else is open); or log into an X11 session.
 
 A compositor that should tell but does not answer (its IPC socket gone, too slow, a malformed reply) is not taken
 for "no windows": `read()` raises, and the app and the one-shot commands look at nothing until it answers again.
@@ -47,9 +47,9 @@ MAX_DESKTOP_CHARS = 40           # of XDG_CURRENT_DESKTOP shown
 TITLES_UNKNOWN = N_("Privacy: window titles are unknown on this Wayland desktop ({desktop}), which tells no program "
                     "which windows are on screen, so these excluded titles cannot be enforced: {titles}. Only windows "
                     "of X11 programs (Xwayland) are checked. Keep such windows out of the watched region or pause "
-                    "DeskEye while they are open; where the desktop's screen-sharing dialog offers a single window, "
-                    "share that window instead of a screen; or log into an X11 session (\"GNOME on Xorg\" or "
-                    "\"Plasma (X11)\").")
+                    "DeskEye while they are open; or watch one window instead of the screen (capture.source = "
+                    "\"window\": the desktop's sharing dialog then offers windows, and only the one you pick is "
+                    "seen); or log into an X11 session (\"GNOME on Xorg\" or \"Plasma (X11)\").")
 AND_MORE = N_("{titles} and {count} more")
 NONE_CONFIGURED = N_("(none configured)")
 WINDOWS_UNREADABLE = N_("DeskEye is not looking: it cannot read the window list from {desktop} ({error}), so it "
