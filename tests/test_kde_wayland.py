@@ -34,10 +34,8 @@ from tests.fixtures.kde import WIDTH, kde_desktop  # noqa: F401 - a fixture
 from tests.fixtures.openai_recorder import RecordingServer
 from tests.fixtures.polling import wait_until
 from tests.fixtures.processes import stop_process
-from tests.test_wayland_own_windows import (ASK_PROMPT_WORDS, MARGIN_PX, NATIVE_TEXT, NATIVE_WORDS, app_env,
-                                            check_frames, check_overlay_on_screen, keep_for_a_look, on_a_desktop,
-                                            read_text, sent_frames, settings_text, wait_for_overlay, watch_more,
-                                            with_output)
+from tests.test_wayland_own_windows import (NATIVE_TEXT, NATIVE_WORDS, app_env, on_a_desktop, read_text,
+                                            sent_frames, the_ask_box_over_the_overlay, with_output)
 from tests.test_wayland_privacy import PRIVATE_TITLES, TITLES_UNKNOWN
 
 START_TIMEOUT_S = 120.0
@@ -134,37 +132,16 @@ def test_on_kde_the_overlay_is_on_top_and_never_described(kde_desktop, tmp_path)
     def trigger(action: str):
         return subprocess.run([sys.executable, "-m", "deskeye.cli", "trigger", action], capture_output=True,
                               text=True, timeout=30, cwd=REPO_ROOT, env=env)
+
+    def start(argv):
+        return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
     try:
-        with RecordingServer() as recorder:
-            settings = tmp_path / "settings.toml"
-            settings.write_text(settings_text(recorder).replace("[capture]\n", '[capture]\nportal = "screenshot"\n'),
-                                encoding="utf-8")
-            proc = subprocess.Popen([sys.executable, "-m", "deskeye.cli", "--settings", str(settings), "run"],
-                                    cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-            try:
-                assert wait_until(lambda: sent_frames(recorder), START_TIMEOUT_S), "no frame was sent"
-                screen, box = wait_for_overlay(screenshot)
-                watch_more(recorder, trigger)
-                assert proc.poll() is None, "deskeye run stopped"
-                assert trigger("ask").returncode == 0
-                column = (box[0] - MARGIN_PX, max(box[1] - 200, 0), WIDTH, box[1])     # just above the overlay
-                asking = wait_until(lambda: ASK_PROMPT_WORDS in (text := read_text(screenshot().crop(column)))
-                                    and text, 20, interval_s=0.3)
-            except AssertionError as exc:
-                stop_process(proc, timeout_s=30)
-                raise AssertionError(with_output(exc, proc)) from None
-            finally:
-                stop_process(proc, timeout_s=30)
-            output = proc.stdout.read()
-            frames = sent_frames(recorder)
+        asking = the_ask_box_over_the_overlay(start, lambda proc: stop_process(proc, timeout_s=30), screenshot,
+                                              trigger, tmp_path, 'portal = "screenshot"\n')
     finally:
         stop_process(window, timeout_s=5)
-    keep_for_a_look(tmp_path, screen, frames)
-    check_overlay_on_screen(screen, box)
-    check_frames(frames, box)
     assert asking, "the Ask box did not show above the overlay"
-    assert "Traceback" not in output, output
 
 
 # ------------------------------------------------------------------ watching one window

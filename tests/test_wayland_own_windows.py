@@ -182,6 +182,38 @@ def watch_more(recorder, trigger) -> None:
 
 # ------------------------------------------------------------------ GNOME
 
+def the_ask_box_over_the_overlay(start, stop, screenshot, trigger, tmp_path, capture: str = ""):
+    """`deskeye run` started with `start(argv)` (a Popen, ended by `stop(proc)`) on a desktop with a full-screen native
+    window, `capture` added to its [capture] settings: the overlay and every frame sent are checked
+    (`check_overlay_on_screen`, `check_frames`), then the Ask box is opened: whether it showed just above the overlay,
+    as X11 window managers place it."""
+    with RecordingServer() as recorder:
+        path = tmp_path / "settings.toml"
+        path.write_text(settings_text(recorder).replace("[capture]\n", "[capture]\n" + capture), encoding="utf-8")
+        proc = start([sys.executable, "-m", "deskeye.cli", "--settings", str(path), "run"])
+        try:
+            assert wait_until(lambda: sent_frames(recorder), START_TIMEOUT_S), "no frame was sent"
+            screen, box = wait_for_overlay(screenshot)
+            watch_more(recorder, trigger)
+            assert proc.poll() is None, "deskeye run stopped"
+            assert trigger("ask").returncode == 0
+            column = (box[0] - MARGIN_PX, max(box[1] - 200, 0), WIDTH, box[1])     # just above the overlay
+            asking = wait_until(lambda: ASK_PROMPT_WORDS in (text := read_text(screenshot().crop(column)))
+                                and text, 20, interval_s=0.3)
+        except AssertionError as exc:
+            stop(proc)
+            raise AssertionError(with_output(exc, proc)) from None
+        finally:
+            stop(proc)
+        output = proc.stdout.read()
+        frames = sent_frames(recorder)
+    keep_for_a_look(tmp_path, screen, frames)
+    check_overlay_on_screen(screen, box)
+    check_frames(frames, box)
+    assert "Traceback" not in output, output
+    return asking
+
+
 @on_a_desktop
 def test_on_gnome_the_overlay_is_on_top_and_never_described(gnome_desktop, tmp_path):  # noqa: F811
     """mutter places the Ask box where DeskEye asks, above the overlay, as X11 window managers do."""
@@ -203,36 +235,16 @@ def test_on_gnome_the_overlay_is_on_top_and_never_described(gnome_desktop, tmp_p
     def trigger(action: str):
         return gnome_desktop.run([sys.executable, "-m", "deskeye.cli", "trigger", action], 30, cwd=REPO_ROOT,
                                  env=env)
+
+    def start(argv):
+        return gnome_desktop.popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
     try:
-        with RecordingServer() as recorder:
-            settings = tmp_path / "settings.toml"
-            settings.write_text(settings_text(recorder), encoding="utf-8")
-            proc = gnome_desktop.popen([sys.executable, "-m", "deskeye.cli", "--settings", str(settings), "run"],
-                                       cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
-            try:
-                assert wait_until(lambda: sent_frames(recorder), START_TIMEOUT_S), "no frame was sent"
-                screen, box = wait_for_overlay(screenshot)
-                watch_more(recorder, trigger)
-                assert proc.poll() is None, "deskeye run stopped"
-                assert trigger("ask").returncode == 0
-                column = (box[0] - MARGIN_PX, max(box[1] - 200, 0), WIDTH, box[1])     # just above the overlay
-                asking = wait_until(lambda: ASK_PROMPT_WORDS in (text := read_text(screenshot().crop(column)))
-                                    and text, 20, interval_s=0.3)
-            except AssertionError as exc:
-                stop_inside(proc, timeout_s=30)
-                raise AssertionError(with_output(exc, proc)) from None
-            finally:
-                stop_inside(proc, timeout_s=30)
-            output = proc.stdout.read()
-            frames = sent_frames(recorder)
+        asking = the_ask_box_over_the_overlay(start, lambda proc: stop_inside(proc, timeout_s=30), screenshot,
+                                              trigger, tmp_path)
     finally:
         stop_process(window, timeout_s=5)
-    keep_for_a_look(tmp_path, screen, frames)
-    check_overlay_on_screen(screen, box)
-    check_frames(frames, box)
     assert asking, "the Ask box did not show above the overlay"          # where it goes on X11 too
-    assert "Traceback" not in output, output
 
 
 # ------------------------------------------------------------------ sway

@@ -157,6 +157,7 @@ class KWinWindows:
         return reply.unpack() if reply is not None else None
 
     def _run_script(self) -> str:
+        from deskeye.see.portal_request import iterate_once
         owner = self._conn.call_sync("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
                                      "GetNameOwner", self._glib.Variant("(s)", (KWIN_NAME,)), None,
                                      self._gio.DBusCallFlags.NONE, CALL_TIMEOUT_MS, None).unpack()[0]
@@ -168,13 +169,7 @@ class KWinWindows:
             self._call(SCRIPTING_PATH, SCRIPTING_INTERFACE, "start")
             deadline = time.monotonic() + READ_TIMEOUT_S
             while "windows" not in self._reply and time.monotonic() < deadline:
-                timer = self._glib.timeout_source_new(int(WAKE_S * 1000))
-                timer.set_callback(lambda *_args: False)
-                timer.attach(self._context)
-                try:
-                    self._context.iteration(True)
-                finally:
-                    timer.destroy()
+                iterate_once(self._glib, self._context, WAKE_S)
         finally:
             self._call(SCRIPTING_PATH, SCRIPTING_INTERFACE, "unloadScript", "(s)", (plugin,))
         if "windows" not in self._reply:

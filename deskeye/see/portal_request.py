@@ -101,6 +101,18 @@ def import_gio():
     return Gio, GLib
 
 
+def iterate_once(glib, context, timeout_s: float) -> None:
+    """Run `context` for one iteration, waiting at most `timeout_s` (a timer wakes it: Python runs in between, so a
+    SIGTERM or a stop flag is seen at once)."""
+    timer = glib.timeout_source_new(max(1, int(timeout_s * 1000)))
+    timer.set_callback(lambda *_args: False)
+    timer.attach(context)
+    try:
+        context.iteration(True)
+    finally:
+        timer.destroy()
+
+
 def error_text(exc: BaseException) -> str:
     """A D-Bus or GStreamer error's message, bounded (it is quoted to the user)."""
     text = getattr(exc, "message", None) or str(exc)
@@ -195,13 +207,7 @@ class PortalBus:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            timer = self._glib.timeout_source_new(max(1, int(min(left, WAKE_S) * 1000)))
-            timer.set_callback(lambda *_args: False)
-            timer.attach(self._context)
-            try:
-                self._context.iteration(True)
-            finally:
-                timer.destroy()
+            iterate_once(self._glib, self._context, min(left, WAKE_S))
 
     def session_path(self, token: str) -> str:
         """The object path of the session this connection creates with `session_handle_token` = `token`."""
@@ -226,13 +232,7 @@ class PortalBus:
         """Deliver this connection's signals as they come until `stop` is set (checked every WAKE_S)."""
         while not stop.is_set():
             with self._wait_lock:
-                timer = self._glib.timeout_source_new(int(WAKE_S * 1000))
-                timer.set_callback(lambda *_args: False)
-                timer.attach(self._context)
-                try:
-                    self._context.iteration(True)
-                finally:
-                    timer.destroy()
+                iterate_once(self._glib, self._context, WAKE_S)
 
     def pump(self) -> None:
         """Deliver the signals that came meanwhile, without waiting (another thread's wait delivers them too)."""
