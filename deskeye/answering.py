@@ -77,8 +77,8 @@ class Answering:
         windows if the caller has just read them, deskeye.see.window_list.SessionWindows.read; DeskEyeError where
         the desktop should tell them and does not)."""
         seen = self.parts.window_list.read() if seen is None else seen
-        return check_privacy(self.settings.excluded_titles, region=self.parts.grabber.privacy_region(), windows=seen.windows,
-                             active=seen.active)
+        return check_privacy(self.settings.excluded_titles, region=self.parts.grabber.privacy_region(),
+                             windows=seen.windows, active=seen.active)
 
     def _fail(self, job: Job, message: str) -> None:
         if job.is_user:

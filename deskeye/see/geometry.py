@@ -26,7 +26,8 @@ class Rect:
         return {"left": self.left, "top": self.top, "width": self.width, "height": self.height}
 
     def intersects(self, other: "Rect") -> bool:
-        return self.left < other.right and other.left < self.right and self.top < other.bottom and other.top < self.bottom
+        return (self.left < other.right and other.left < self.right
+                and self.top < other.bottom and other.top < self.bottom)
 
     def clip(self, other: "Rect") -> "Rect | None":
         """The part of `other` inside this rectangle, or None."""

@@ -76,8 +76,8 @@ ERROR_POLL_S = 0.1
 # What the user reads (translated where it is shown or raised).
 CONSENT_ONCE = N_("{desktop} asks once whether DeskEye may see the screen: choose the monitor to share and allow it. "
                   "DeskEye keeps the desktop's answer in {path}, so it does not ask again.")
-CONSENT_WINDOW_ONCE = N_("{desktop} asks once which window DeskEye may see (capture.source = \"window\"): choose it and "
-                         "allow it. Only that window is seen. DeskEye keeps the desktop's answer in {path}, so it does "
+CONSENT_WINDOW_ONCE = N_("{desktop} asks once which window DeskEye may see (capture.source = \"window\"): choose it "
+                         "and allow it. Only that window is seen. DeskEye keeps the desktop's answer in {path}, so it does "
                          "not ask again.")
 NO_MONITOR_SOURCE = N_("the ScreenCast portal offers no monitor to stream")
 NO_WINDOW_SOURCE = N_("the ScreenCast portal offers no window to stream (capture.source = \"window\"): set "

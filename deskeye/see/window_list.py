@@ -144,8 +144,8 @@ class SessionWindows:
 
 
 def _as_x_window(window: SwayWindow | KWinWindow, own_ids: frozenset[int], pid: int) -> XWindow:
-    """A sway or KWin window as privacy and masking read an X11 one. DeskEye's own: an X11 window its Tk thread registered,
-    its own process, or its class or title (window_facts)."""
+    """A sway or KWin window as privacy and masking read an X11 one. DeskEye's own: an X11 window its Tk thread
+    registered, its own process, or its class or title (window_facts)."""
     is_own = (window.x11_id in own_ids or window.pid == pid
               or OWN_WINDOW_CLASS in (name.casefold() for name in window.app)
               or window.title.casefold().startswith(OWN_TITLE_PREFIX))
