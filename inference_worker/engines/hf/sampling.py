@@ -32,6 +32,13 @@ def argmax_lines(logits: torch.Tensor) -> list[int]:
 
 
 
+#: top-p looks at this many of the most likely tokens first, then at more while they hold less than top_p of the
+#: probability, and sorts the whole vocabulary only when the mass is spread that wide (random weights): sorting
+#: all 248k logits costs ~20 ms a token on one core (benchmarks.sampling)
+FIRST_CANDIDATES = 64
+GROWTH = 8
+
+
 class TokenSampler:
     """Picks one row's next token from its logits: argmax when greedy, else temperature, top-k and top-p, drawn
     from the row's own generator (seeded from the request), so a seeded request samples the same tokens
@@ -57,24 +64,47 @@ class TokenSampler:
             return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))))
         # shifted so the best token scores 0: a temperature too small for the dtype (1e-300 is 0 in float32) then
         # sends the others to -inf and leaves the best at 0/0, read as 0 (its limit), never nan in the softmax
-        scores = torch.nan_to_num((logits - logits.max()) / self.sampling.temperature, nan=0.0)
-        if self.sampling.top_k:
-            kth = torch.topk(scores, min(self.sampling.top_k, scores.shape[-1])).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if self.sampling.top_p < 1.0:
-            scores = _top_p(scores, self.sampling.top_p)
-        probs = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        scores = torch.nan_to_num((logits.float() - logits.max()) / self.sampling.temperature, nan=0.0)
+        values, ids = candidates(scores, top_k=self.sampling.top_k, top_p=self.sampling.top_p)
+        picked = int(torch.multinomial(torch.softmax(values, dim=-1), 1, generator=self.generator))
+        return picked if ids is None else int(ids[picked])
 
 
-def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches top_p (at least one)."""
-    sorted_scores, order = torch.sort(scores, descending=True)
-    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
-    drop_sorted = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p
-    drop_sorted[0] = False          # the best token always stays (a top_p below float32's range reads as 0)
-    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-    return scores.masked_fill(drop, float("-inf"))
+def candidates(scores: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scores sampling draws from and their token ids (None: all of them, in order): the `top_k` best (0: no
+    limit), then the fewest most likely whose probability reaches `top_p` (at least the best one). Only the
+    candidates are sorted, never the whole vocabulary."""
+    size = scores.shape[-1]
+    top_k = min(top_k, size) if top_k else size
+    if top_p >= 1.0:
+        if top_k == size:
+            return scores, None
+        return torch.topk(scores, top_k)
+    if top_k < size:
+        values, ids = torch.topk(scores, top_k)
+        return _nucleus(values, ids, torch.logsumexp(values, dim=-1), top_p)
+    total = torch.logsumexp(scores, dim=-1)
+    num_candidates = FIRST_CANDIDATES
+    while num_candidates < size // GROWTH:
+        values, ids = torch.topk(scores, num_candidates)
+        mass = float(torch.exp(values - total).sum())
+        if mass >= top_p:
+            return _nucleus(values, ids, total, top_p)
+        # no later token is likelier than these n, so k tokens hold at most mass * k / n: fewer cannot reach top_p
+        num_candidates = max(num_candidates * GROWTH, int(num_candidates * top_p / max(mass, 1e-30)) + 1)
+    values, ids = torch.sort(scores, descending=True)
+    return _nucleus(values, ids, total, top_p)
+
+
+def _nucleus(values: torch.Tensor, ids: torch.Tensor, total: torch.Tensor, top_p: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of `values` (most likely first, `total` the log of all their probabilities' sum), the fewest whose
+    probability reaches top_p, at least one (a top_p below float32's range reads as 0)."""
+    probs = torch.exp(values - total)
+    before = probs.cumsum(dim=-1) - probs
+    num_kept = max(1, int((before < top_p).sum()))
+    return values[:num_kept], ids[:num_kept]
 
 
 def seed_generation(sampling: SamplingParams) -> None:
