@@ -1,7 +1,7 @@
 """MiniCPM-V 4.6 at its real size (random weights) served by DeskEye's worker on the CPU, beside vLLM CPU: where
 the time of one describe goes, and what batching, frame reuse and the grammar pay at real size.
 
-    .venv/bin/python -m benchmarks.real_size [--runs N] [--quick] [--skip-vllm] [--dtype bf16,fp32]
+    .venv/bin/python -m benchmarks.real_size [--runs N] [--quick] [--skip-vllm] [--dtype bf16,bf16/model,fp32]
                                              [--max-tokens 60] [--threads N] [--json-out PATH]
     .venv/bin/python -m benchmarks.real_size --dry          # tiny models through the same code
 
@@ -14,7 +14,9 @@ bf16 safetensors (2.6 GB) under <user cache dir>/deskeye/real_size/minicpmv46-<h
 built only when that folder is missing. Random weights cost what the real ones cost per token; only the words are
 meaningless.
 
-Each dtype gets a real `deskeye-worker --device cpu --dtype D --threads N` subprocess, asked over HTTP with the
+Each dtype gets a real `deskeye-worker --device cpu --dtype D --decode-weights W --threads N` subprocess (W: auto,
+which at this size on a CPU is int8 copies of the text model for decode steps; "bf16/model" is bf16 with the model's
+own weights in every step, DeskEye before those copies), asked over HTTP with the
 official openai client: DeskEye's own describe prompt (system prompt, question, one frame), streamed, free text,
 greedy, --max-tokens tokens (random weights hardly ever say EOS, so every answer has that length):
   * cold frames, 800x600 (the app's default region) and 1920x1080, each new to the worker: vision (the model's
@@ -398,13 +400,16 @@ def peak_rss_gb(pid: int) -> float | None:
 
 @contextlib.contextmanager
 def run_worker(model_dir: Path, work_dir: Path, *, dtype: str, threads: int) -> Iterator[Server]:
-    """`deskeye-worker --device cpu` on `model_dir` (tests/fixtures/worker.py starts it and stops it)."""
+    """`deskeye-worker --device cpu` on `model_dir` (tests/fixtures/worker.py starts it and stops it); `dtype` is
+    DTYPE or DTYPE/DECODE_WEIGHTS (e.g. bf16/model: --dtype bf16 --decode-weights model)."""
     from tests.fixtures.worker import running_worker
 
-    args = ["--engine", "transformers", "--model", str(model_dir), "--device", "cpu", "--dtype", dtype,
-            "--threads", str(threads), "--max-batch-size", str(NUM_CONCURRENT),
-            "--request-timeout-s", str(REQUEST_TIMEOUT_S)]
-    with running_worker(args, work_dir / f"worker-{model_dir.name}-{dtype}", timeout_s=START_TIMEOUT_S) as handle:
+    weight_dtype, _, decode_weights = dtype.partition("/")
+    args = ["--engine", "transformers", "--model", str(model_dir), "--device", "cpu", "--dtype", weight_dtype,
+            "--decode-weights", decode_weights or "auto", "--threads", str(threads),
+            "--max-batch-size", str(NUM_CONCURRENT), "--request-timeout-s", str(REQUEST_TIMEOUT_S)]
+    folder = work_dir / f"worker-{model_dir.name}-{dtype.replace('/', '-')}"
+    with running_worker(args, folder, timeout_s=START_TIMEOUT_S) as handle:
         yield Server(WORKER, dtype, handle.model or str(model_dir), handle.proc.pid,
                      lambda: handle.openai_client(timeout=REQUEST_TIMEOUT_S))
 
@@ -736,7 +741,7 @@ def print_report(report: dict) -> None:
           f"medians of {report['runs']} run(s); load average {report['load_average_1min']['before']} before, "
           f"{report['load_average_1min']['after']} after, on {report['load_average_1min']['cpus']} CPUs (above "
           "that, other work shared the cores)")
-    header = (f"{'server':<15}{'dtype':<6}{'case':<26}{'n':>2}{'prompt':>7}{'vision s':>9}{'prefill s':>10}"
+    header = (f"{'server':<15}{'dtype':<11}{'case':<26}{'n':>2}{'prompt':>7}{'vision s':>9}{'prefill s':>10}"
               f"{'TTFT s':>8}{'decode s':>9}{'tok/s':>7}{'answer s':>9}{'peak RSS GB':>12}")
     print(header)
     print("-" * len(header))
@@ -747,17 +752,17 @@ def print_report(report: dict) -> None:
             if model != report["model"]["name"]:
                 print(f"-- beside vLLM: {model} ({report['vllm_note']})")
         if not part["available"]:
-            print(f"{part['server']:<15}{part['dtype']:<6}not measured: {part.get('reason', '')[:200]}")
+            print(f"{part['server']:<15}{part['dtype']:<11}not measured: {part.get('reason', '')[:200]}")
             continue
         for index, row in enumerate(r for r in summary["rows"] if (r["server"], r["model"], r["dtype"]) ==
                                     (part["server"], part["model"], part["dtype"])):
             peak = fmt(part.get("peak_rss_gb"), 2) if index == 0 else ""
-            print(f"{row['server']:<15}{row['dtype']:<6}{row['case']:<26}{row['num_ok']:>2}"
+            print(f"{row['server']:<15}{row['dtype']:<11}{row['case']:<26}{row['num_ok']:>2}"
                   f"{fmt(row['prompt_tokens'], 0):>7}{fmt(row['vision_s'], 2):>9}{fmt(row['prefill_s'], 2):>10}"
                   f"{fmt(row['ttft_s'], 2):>8}{fmt(row['decode_s'], 2):>9}{fmt(row['decode_tok_s'], 1):>7}"
                   f"{fmt(row['answer_s'], 2):>9}{peak:>12}")
             for error in row["errors"]:
-                print(f"{'':<21}failed: {error[:160]}")
+                print(f"{'':<26}failed: {error[:160]}")
     print(f"grammar: in the worker {fmt(summary['worker_grammar_ms_per_token'], 3)} ms a token (JSON answer: "
           f"decode {fmt(summary['decode_ms_per_token_json'], 1)} vs {fmt(summary['decode_ms_per_token_free'], 1)} ms "
           f"a token free); direct over {grammar['vocab_size']:,} logits {fmt(grammar['us_per_token_median'], 0)} us "
@@ -795,9 +800,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=1, help="answers per case (default 1)")
     parser.add_argument("--quick", action="store_true", help="fewer cases: no 1920x1080, no concurrent clients")
     parser.add_argument("--skip-vllm", action="store_true", help="no vLLM part")
-    parser.add_argument("--dtype", default="bf16,fp32",
-                        help="comma-separated worker dtypes (auto, bf16, fp32); the first gets every case, the "
-                             "others the cold frames (default: bf16,fp32)")
+    parser.add_argument("--dtype", default="bf16,bf16/model,fp32",
+                        help="comma-separated worker dtypes (auto, bf16, fp32), each optionally /int8 or /model for "
+                             "its --decode-weights (else auto: int8 copies at this size); the first gets every case, "
+                             "the others the cold frames (default: bf16,bf16/model,fp32)")
     parser.add_argument("--max-tokens", type=int, default=None, help="tokens per answer (default 60; --dry 8)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: one per physical core)")
     parser.add_argument("--dry", action="store_true", help="tiny models of the same architectures, same code")
@@ -807,8 +813,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="default: benchmarks/results/real_size.json (--dry: real_size-dry.json)")
     args = parser.parse_args(argv)
     args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
-    if not args.dtypes or set(args.dtypes) - {"auto", "bf16", "fp32"}:
-        parser.error(f"--dtype takes auto, bf16, fp32 (comma-separated); got {args.dtype!r}")
+    if not args.dtypes or any(d.split("/")[0] not in ("auto", "bf16", "fp32")
+                              or d.partition("/")[2] not in ("", "auto", "int8", "model") for d in args.dtypes):
+        parser.error(f"--dtype takes auto, bf16, fp32, each optionally /int8, /model or /auto (comma-separated); "
+                     f"got {args.dtype!r}")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     args.max_tokens = args.max_tokens or (8 if args.dry else 60)

@@ -185,6 +185,7 @@ class WorkerSettings:
     model: str = ""                   # local folder or Hugging Face id of a vision-language model
     device: str = "auto"              # auto | cuda | cpu
     dtype: str = "auto"               # auto | bf16 | fp16 | fp32
+    decode_weights: str = "auto"      # auto | int8 | model: what a decode step multiplies by on the CPU
     url: str = ""                     # an external OpenAI-compatible server instead of our worker
     api_key: str = ""                 # key for `url`; "" = read the environment variable below
     api_key_env: str = "DESKEYE_WORKER_API_KEY"
@@ -203,6 +204,8 @@ class WorkerSettings:
         _check(self.device in ("auto", "cuda", "cpu"), "worker.device", "auto | cuda | cpu", value=self.device)
         _check(self.dtype in ("auto", "bf16", "fp16", "fp32"), "worker.dtype", "auto | bf16 | fp16 | fp32",
                value=self.dtype)
+        _check(self.decode_weights in ("auto", "int8", "model"), "worker.decode_weights", "auto | int8 | model",
+               value=self.decode_weights)
         _check(self.url == "" or self.url.startswith(("http://", "https://")), "worker.url",
                "an http:// or https:// URL, or \"\" to run DeskEye's own worker", value=self.url)
         _check_numbers(self, "worker")

@@ -19,6 +19,7 @@ ENGINES = ("auto", "ocr", "transformers", "openvino")
 MODEL_ENGINES = ("transformers", "openvino")           # the engines that need --model
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
+DECODE_WEIGHTS = ("auto", "int8", "model")             # engines/hf/int8_decode.py
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024          # a full-HD PNG is ~2-6 MB, base64 adds a third
 DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320             # an 8K frame; larger is refused before decoding
@@ -97,6 +98,13 @@ class WorkerConfig:
         help="weight precision (default: auto = bf16 on a GPU that supports it, fp16 on other GPUs; on the CPU bf16 "
              "where it computes in bf16 natively (AMX or AVX-512 BF16 in /proc/cpuinfo) for models of 100M "
              "parameters or more, else fp32)")
+    decode_weights: str = option(
+        "auto", ENGINE_OPTIONS, choices=DECODE_WEIGHTS,
+        help="what a decode step multiplies by on the CPU: int8 = an int8 copy of each text-model weight (one scale "
+             "per row; bf16 MiniCPM-V 4.6 wrote ~1.5x faster, one byte more memory per text parameter); model = "
+             "the model's own weights only, its exact arithmetic; default: auto = int8 on the CPU for bf16 text "
+             "models of 100M parameters or more when twice the copies fit in the memory available, else model "
+             "(in fp32 the int8 kernel was slower). Prefill and the vision tower always use the model's weights")
     num_threads: int = option(
         0, ENGINE_OPTIONS, name="--threads", metavar="N",
         help="CPU threads for torch (default: 0 = torch's default, one per physical core; 1 is steadiest on a "
@@ -220,6 +228,7 @@ class WorkerConfig:
         check("engine", self.engine in ENGINES, " | ".join(ENGINES))
         check("device", self.device in DEVICES, " | ".join(DEVICES))
         check("dtype", self.dtype in DTYPES, " | ".join(DTYPES))
+        check("decode_weights", self.decode_weights in DECODE_WEIGHTS, " | ".join(DECODE_WEIGHTS))
         check("model", self.engine not in MODEL_ENGINES or bool(self.model),
               f"a model folder or Hugging Face id (--engine {self.engine} needs one)")
         if self.cache_dir is not None:

@@ -22,6 +22,7 @@ def worker_command(settings: Settings, state_file: Path) -> list[str]:
     worker = settings.worker
     command = [sys.executable, "-m", "inference_worker.cli", "--engine", worker.engine, "--port", "0",
                "--state-file", str(state_file), "--device", worker.device, "--dtype", worker.dtype,
+               "--decode-weights", worker.decode_weights,
                "--request-timeout-s", str(worker.request_timeout_s)]
     if worker.model:
         command += ["--model", worker.model]

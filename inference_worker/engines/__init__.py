@@ -78,7 +78,8 @@ def load_hf_engine(model: str, options: EngineOptions, *, progress: bool = True)
     from inference_worker.engines.hf.loading import LoadSpec, load_model
 
     apply_num_threads(options.num_threads)
-    spec = LoadSpec(model, options.device, options.dtype, kv_cache_bytes=options.kv_cache_bytes)
+    spec = LoadSpec(model, options.device, options.dtype, kv_cache_bytes=options.kv_cache_bytes,
+                    decode_weights=options.decode_weights)
     loaded = load_model(spec, family_for, progress=progress, resolve=_resolve)
     return _resolve(family_for_name(loaded.family).make_engine)(loaded, options)
 

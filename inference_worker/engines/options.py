@@ -53,6 +53,7 @@ class EngineOptions:
     max_request_pixels: int = DEFAULT_MAX_REQUEST_PIXELS   # all of a request's images (--max-request-pixels)
     max_prompt_tokens: int = 0                    # the worker's --max-prompt-tokens (0 = the model's context)
     cache_dir: Path | None = None                 # OpenVINO's compiled-model cache (None: the user cache dir)
+    decode_weights: str = "model"                 # auto | int8 | model (--decode-weights; hf/int8_decode.py)
 
     def __post_init__(self):
         if self.num_threads is not None and self.num_threads < 1:
@@ -77,4 +78,4 @@ class EngineOptions:
                    kv_similar_threshold=config.kv_similar_threshold if config.kv_similar else None,
                    prepare_processes=config.prepare_processes, max_image_pixels=config.max_image_pixels,
                    max_request_pixels=config.max_request_pixels, max_prompt_tokens=config.max_prompt_tokens,
-                   cache_dir=config.cache_dir)
+                   cache_dir=config.cache_dir, decode_weights=config.decode_weights)

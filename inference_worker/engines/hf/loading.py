@@ -8,13 +8,17 @@ so this module imports no engine.
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from inference_worker.engines.hf.int8_decode import add_int8_copies, resolve_decode_weights
 from inference_worker.engines.hf.model_files import (ModelLoadError, check_model_folder, checkpoint_weight_bytes,
                                                      num_checkpoint_params, resolve_model_path)
+
+log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -48,6 +52,7 @@ class LoadSpec:
     device: str = "auto"       # auto | cuda | cpu
     dtype: str = "auto"        # auto | bf16 | fp16 | fp32
     kv_cache_bytes: int = 0    # the frame KV budget the engine will fill: counted in the VRAM check
+    decode_weights: str = "model"   # auto | int8 | model: int8_decode.py
 
     def __post_init__(self):
         if not self.model or not self.model.strip():
@@ -71,6 +76,7 @@ class LoadedModel:
     device: Any                # torch.device
     dtype: Any                 # torch.dtype
     attn_implementation: str
+    decode_weights: str = "model"   # what decode steps multiply by: "int8" copies or the "model"'s own weights
 
 
 # ---------------------------------------------------------------- how much memory it needs
@@ -186,7 +192,12 @@ def load_model(spec: LoadSpec, family_for: Callable[[dict[str, Any]], Any], *, p
     load_parts = resolve(family.load_parts)
     with _StepBar(f"Loading {spec.model}", ["processor", "weights", f"to {device}"], enabled=progress) as bar:
         model, processor = _call_loader(load_parts, path, dtype=dtype, attn=attn, device=device, step=bar.step)
-    return LoadedModel(model, processor, family.name, path, spec.model, device, dtype, attn)
+    decode_weights = resolve_decode_weights(spec.decode_weights, device, model, dtype=dtype)
+    if decode_weights == "int8":
+        copies = add_int8_copies(model)
+        log.info("decode steps multiply by int8 copies of %d text-model matrices (%.2f GB; --decode-weights model "
+                 "keeps the model's own)", copies.num_matrices, copies.num_bytes / GB)
+    return LoadedModel(model, processor, family.name, path, spec.model, device, dtype, attn, decode_weights)
 
 
 def _check_vram(spec: LoadSpec, path: Path, device, dtype, family: str) -> None:

@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from inference_worker.engines.base import RowCancelled
 from inference_worker.engines.hf import cache_ops
+from inference_worker.engines.hf.int8_decode import decode_steps
 from inference_worker.engines.hf.text_path import text_path
 
 #: tokens of text in one prefill forward (a row's images' tokens come on top, in one piece): the most a cancelled
@@ -73,7 +74,7 @@ class ModelForward:
              positions: torch.Tensor) -> torch.Tensor:
         """One decode step: a token per row (`input_ids` (rows, 1)) on the merged cache; the logits (rows, vocab)."""
         step = dict(input_ids=input_ids, attention_mask=attention_mask, cache=cache, **self._positions(positions))
-        with torch.inference_mode():
+        with torch.inference_mode(), decode_steps():       # int8 copies where the model has them (int8_decode.py)
             if self.text_path is not None:
                 return self.text_path(**step)
             return self.model(**step, use_cache=True, logits_to_keep=1).logits[:, -1, :]
