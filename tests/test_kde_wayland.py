@@ -150,19 +150,17 @@ SHARED_TEXT, SHARED_WORDS = "SHARED WINDOW 5309", ("shared", "5309")
 COVER_TEXT = "COVERING WINDOW 1122"
 
 
-@on_a_desktop
-def test_watching_one_window_sees_it_under_another_and_nothing_else(kde_desktop, tmp_path):  # noqa: F811
-    """capture.source = "window": the desktop's dialog offers windows (the user's pick of one played with a seeded
-    restore token for it); DeskEye reads that window's own pixels through the ScreenCast portal, even with another
-    window full screen above it, and sends nothing of the covering window."""
-    env = kde_desktop.env(**app_env(tmp_path))
-    shared = open_native_window(kde_desktop, "Shared notes", SHARED_TEXT)
-    cover = open_native_window(kde_desktop, "Covering window", COVER_TEXT)          # above it, focused
+def describe_one_window(desktop, tmp_path):
+    """`deskeye describe --json` with capture.source = "window" while "Shared notes" is covered by another window:
+    the desktop's dialog offers windows, and the user's pick of "Shared notes" is played with a seeded restore token
+    for it. Returns the finished process, the frames the model server got and the token's file."""
+    env = desktop.env(**app_env(tmp_path))
+    shared = open_native_window(desktop, "Shared notes", SHARED_TEXT)
+    cover = open_native_window(desktop, "Covering window", COVER_TEXT)          # above it, focused
     try:
         token = tmp_path / "xdg_state_home" / "deskeye" / WINDOW_TOKEN_FILE
         token.parent.mkdir(mode=0o700, parents=True)
-        token.write_text(kde_desktop.consent_to_window_screencast(kde_desktop.window_id("Shared notes")),
-                         encoding="ascii")
+        token.write_text(desktop.consent_to_window_screencast(desktop.window_id("Shared notes")), encoding="ascii")
         token.chmod(0o600)
         with RecordingServer() as recorder:
             settings = tmp_path / "settings.toml"
@@ -170,16 +168,36 @@ def test_watching_one_window_sees_it_under_another_and_nothing_else(kde_desktop,
                                 encoding="utf-8")
             proc = subprocess.run([sys.executable, "-m", "deskeye.cli", "--settings", str(settings), "describe",
                                    "--json"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
-            frames = sent_frames(recorder)
+            return proc, sent_frames(recorder), token
     finally:
         stop_process(cover, timeout_s=5)
         stop_process(shared, timeout_s=5)
+
+
+@on_a_desktop
+def test_watching_one_window_sees_it_under_another_and_nothing_else(kde_desktop, tmp_path):  # noqa: F811
+    """capture.source = "window": DeskEye reads the picked window's own pixels through the ScreenCast portal, even
+    with another window full screen above it, and sends nothing of the covering window."""
+    proc, frames, token = describe_one_window(kde_desktop, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(frames) == 1 and frames[0].size == (WIDTH, 800), [f.size for f in frames]    # the whole window
     text = read_text(frames[0])
     assert all(word in text for word in SHARED_WORDS) and "covering" not in text, text
     assert "asks once which window" not in proc.stderr, proc.stderr                # the seeded pick was restored
     assert token.read_text(encoding="ascii") and stat.S_IMODE(token.stat().st_mode) == 0o600
+
+
+@on_a_desktop
+def test_a_pipewire_without_its_session_manager_is_named_not_the_users_sharing(kde_desktop, tmp_path):  # noqa: F811
+    """wireplumber not running (it crashed, or the login never started it): PipeWire links no stream to DeskEye's
+    reader, so no frame ever comes. DeskEye says that PipeWire did not connect it and how to check the session
+    manager; it sends nothing and does not blame the user's sharing indicator."""
+    with kde_desktop.without_session_manager():
+        proc, frames, _token = describe_one_window(kde_desktop, tmp_path)
+    assert proc.returncode != 0 and not frames, (proc.returncode, len(frames))
+    assert "PipeWire did not connect DeskEye" in proc.stderr, proc.stderr
+    assert "systemctl --user status wireplumber" in proc.stderr, proc.stderr
+    assert "sharing indicator" not in proc.stderr, proc.stderr
 
 
 # ------------------------------------------------------------------ privacy: KWin tells every window

@@ -8,7 +8,8 @@ compositor sends a frame when the screen changes: a static screen costs nothing.
 own 32-bit formats (GNOME sends BGRx), so videoconvert passes frames through untouched: a frame is converted to RGB
 only when a grab asks for it, once, not every frame the compositor sends (up to 60 a second while something moves);
 a grab crops the region out of that copy, so the capture loop's grabs of a static screen copy only the region
-(benchmarks/app_idle.py, benchmarks/portal_capture.py).
+(benchmarks/app_idle.py, benchmarks/portal_capture.py). PipeWire's session manager (wireplumber) links the
+stream to the pipeline; where none runs, pipewiresrc gives up after its 30 s wait and DeskEye names it.
 
 Coordinates: the screen DeskEye sees is the one monitor the portal streams (`capture.monitor` 0 and 1 both name it),
 in the desktop's pixels, where Xwayland places DeskEye's windows: the portal's Start says where the monitor lies in
@@ -77,8 +78,8 @@ ERROR_POLL_S = 0.1
 CONSENT_ONCE = N_("{desktop} asks once whether DeskEye may see the screen: choose the monitor to share and allow it. "
                   "DeskEye keeps the desktop's answer in {path}, so it does not ask again.")
 CONSENT_WINDOW_ONCE = N_("{desktop} asks once which window DeskEye may see (capture.source = \"window\"): choose it "
-                         "and allow it. Only that window is seen. DeskEye keeps the desktop's answer in {path}, so it does "
-                         "not ask again.")
+                         "and allow it. Only that window is seen. DeskEye keeps the desktop's answer in {path}, so it "
+                         "does not ask again.")
 NO_MONITOR_SOURCE = N_("the ScreenCast portal offers no monitor to stream")
 NO_WINDOW_SOURCE = N_("the ScreenCast portal offers no window to stream (capture.source = \"window\"): set "
                       "capture.source = \"monitor\"")
@@ -90,6 +91,9 @@ NO_FRAMES = N_("the ScreenCast stream sent no frame within {seconds:.0f} s")
 STREAM_PLACE_UNKNOWN = N_("The ScreenCast portal streams a {width}x{height} monitor {where}, which is not one of the "
                           "monitors Xwayland reports ({monitors}): DeskEye cannot tell where its own windows (the "
                           "overlay, the Ask box) are in the frames, so what it describes may include them.")
+NOT_LINKED = N_("PipeWire did not connect DeskEye to the desktop's screen cast ({cause}). PipeWire's session "
+                "manager connects the two: check that it runs (systemctl --user status wireplumber), then restart "
+                "DeskEye.")
 STREAM_ENDED = N_("The screen cast ended ({cause}): the desktop stopped it, or it was stopped in the desktop's "
                   "sharing indicator. DeskEye does not ask again by itself: restart DeskEye to let it see the "
                   "screen.")
@@ -219,7 +223,7 @@ class ScreenCastStream:
             message = pipeline.get_bus().pop_filtered(Gst.MessageType.ERROR)      # why, where GStreamer says
             why = f": {error_text(message.parse_error()[0])}" if message is not None else ""
             pipeline.set_state(Gst.State.NULL)
-            raise CaptureError(_(STREAM_ENDED).format(cause="the GStreamer pipeline did not start" + why))
+            raise CaptureError(_(NOT_LINKED).format(cause="the GStreamer pipeline did not start" + why))
         return pipeline
 
     def _on_closed(self) -> None:
