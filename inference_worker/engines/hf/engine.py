@@ -1,8 +1,8 @@
 """The vision-language model engine for families transformers supports natively (Idefics3, LLaVA,
-MiniCPM-V 4.6, …): images, chat template, processor and frame keys (`prepare`, on a preprocessing thread, or in
-child processes: preprocess.py), then continuous batched decoding with frame KV reuse and JSON-schema-constrained
-output (`run_batch`, on the model thread: decoding_engine.py, batch_decode.py), into which requests that arrive
-meanwhile join through `take_more`.
+MiniCPM-V 4.6, …): images, chat template, processor (its image outputs kept for frames seen again:
+image_features.py) and frame keys (`prepare`, on a preprocessing thread, or in child processes: preprocess.py),
+then continuous batched decoding with frame KV reuse and JSON-schema-constrained output (`run_batch`, on the model
+thread: decoding_engine.py, batch_decode.py), into which requests that arrive meanwhile join through `take_more`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from inference_worker.engines.base import Prepared
 from inference_worker.engines.hf.model_forward import has_plain_positions
 from inference_worker.engines.hf.decoding_engine import DecodingEngine, FailRow
+from inference_worker.engines.hf.image_features import cache_image_features
 from inference_worker.engines.hf.loading import LoadedModel
 from inference_worker.engines.hf.preprocess import PrepareProcessDied, Preprocessor, image_token_id
 from inference_worker.engines.hf.rows import PromptInputs, Row
@@ -48,6 +49,8 @@ class TransformersEngine(DecodingEngine):
                          eos_token_ids=eos_token_ids(model.generation_config, tokenizer), frame_cache=frame_cache,
                          holds_prefix_kv=True, can_prefill_together=can_prefill_together(model))
         self.image_token_id = image_token_id(model.config, tokenizer, processor)
+        #: the processor's output for a frame seen lately, served again (image_features.py); None: no image processor
+        self.image_features = cache_image_features(processor)
         self.preprocessor = Preprocessor(processor, self.image_token_id, model_name,
                                          with_frame_keys=self.frame_cache is not None, escape_text=self.escape_text)
         self._processes: PrepareProcesses | None = None
@@ -86,6 +89,8 @@ class TransformersEngine(DecodingEngine):
         if self._processes is not None:
             self._processes.close()
             self._processes = None
+        if self.image_features is not None:
+            self.image_features.clear()
         super().close()
 
     def decoder_row(self, item: Prepared) -> Row:
