@@ -5,15 +5,10 @@ bound by how fast the weights stream from memory, not by arithmetic. MiniCPM-V 4
 (the 248k-row head alone 0.5 GB). An int8 copy of each text-model matrix (one scale per output row, symmetric) is
 half of that, and torch's int8 weight kernel (`_weight_int8pack_mm`) multiplies it directly: in bf16 a decode step
 of the real-size model took ~0.65x the time (benchmarks.real_size, "bf16" beside "bf16/model"). With float32 inputs
-the same kernel was 2.3x slower than the model's float32 weights, so `auto` makes the copies for bf16 models only.
-The copies serve decode steps (`decode_steps()`, entered by ModelForward.step), whatever the number of rows, so a
-row's tokens do not depend on the rows batched with it. The model's own weights stay and serve the rest - the
-prompt's prefill and the vision tower - where many rows go through each matrix and a bf16 matrix product is faster
-than the int8 kernel (12x at 300 rows). The output head is the exception: a prefill asks it for the last position of
-each row only (`logits_to_keep=1`), so it multiplies a row or a few there too, and its copy serves every forward:
-the first token comes from the same head as the rest, and a new question about a frame already seen (a prefill of a
-dozen tokens) gets it ~10 ms sooner (25 against 16 ms for one row at 248k rows on the real-size stand-in; at 8 rows
-the kernel takes 56 against 28 ms, a cost only a batch of eight cold prompts, seconds long, pays).
+the same kernel was 2.3x slower than the model's float32 weights, so `auto` makes the copies for bf16 models only. The copies serve decode steps only
+(`decode_steps()`, entered by ModelForward.step), whatever the number of rows, so a row's tokens do not depend on
+the rows batched with it. The model's own weights stay and serve everything else - prefill, the first token, the
+vision tower - where many rows go through each matrix and a bf16 matrix product is faster than the int8 kernel.
 
 The copies cost one byte per text-model parameter (0.75 GB for MiniCPM-V 4.6). Each output differs from the
 model's own by the rounding of its weights (at most half a step of 1/127 of the row's largest weight): the
@@ -58,13 +53,11 @@ def _int8_linear_class():
 
         weight_int8: torch.Tensor
         weight_scale: torch.Tensor
-        #: the output head: its copy serves every forward (prefill's last positions too), not decode steps only
-        int8_always = False
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             num_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            if (not (self.int8_always or getattr(_phase, "decoding", False)) or num_rows == 0
-                    or x.dtype != self.weight_scale.dtype or x.device.type != "cpu"):
+            if (not getattr(_phase, "decoding", False) or num_rows == 0 or x.dtype != self.weight_scale.dtype
+                    or x.device.type != "cpu"):
                 return super().forward(x)
             out = torch.ops.aten._weight_int8pack_mm(x.reshape(num_rows, x.shape[-1]), self.weight_int8,
                                                       self.weight_scale)
@@ -127,7 +120,7 @@ def text_linears(model: Any) -> Iterator[Any]:
         text = model.get_decoder()
     seen: set[int] = set()
     parts = [text] if isinstance(text, nn.Module) else []
-    head = output_head(model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if isinstance(head, nn.Module):
         parts.append(head)
     for part in parts:
@@ -137,27 +130,16 @@ def text_linears(model: Any) -> Iterator[Any]:
                 yield module
 
 
-def output_head(model: Any) -> Any:
-    """The model's output head (lm_head): the wrapper's, else its inner language model's (MiniCPM-o's `llm`)."""
-    for owner in (model, getattr(model, "llm", None)):
-        head = owner.get_output_embeddings() if hasattr(owner, "get_output_embeddings") else None
-        if head is not None:
-            return head
-    return None
-
-
 def add_int8_copies(model: Any) -> Int8Copies:
     """Give each text-model nn.Linear of `model` (on the CPU) an int8 copy of its weight, used for decode steps.
     The modules stay where they are, with their own weights (tied weights stay tied)."""
     linear_class = int8_linear_class()
-    head = output_head(model)
     num_matrices = num_bytes = 0
     for module in list(text_linears(model)):
         if module.weight.device.type != "cpu":
             continue
         q, scale = quantize_rows(module.weight)
         module.__class__ = linear_class
-        module.int8_always = module is head
         module.register_buffer("weight_int8", q, persistent=False)
         module.register_buffer("weight_scale", scale, persistent=False)
         num_matrices += 1
