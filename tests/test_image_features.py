@@ -1,6 +1,6 @@
 """A frame seen again skips the image processor: the processor's output for the same pixels and arguments is served
 from a small LRU (inference_worker/engines/hf/image_features.py), and the frame key's hash of big pixel tensors is
-kept while they live (frame_cache.content_key). Checked on the real processors of the tiny Idefics3 and MiniCPM-V 4.6
+kept while they live (content_key.py). Checked on the real processors of the tiny Idefics3 and MiniCPM-V 4.6
 fixtures against a processor that never caches: the same ids and pixel values, never another frame's."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from PIL import Image
 from transformers import AutoProcessor
 
 from inference_worker.engines import EngineOptions, load_hf_engine
-from inference_worker.engines.hf import frame_cache
-from inference_worker.engines.hf.frame_cache import content_key
+from inference_worker.engines.hf import content_key as frame_keys
+from inference_worker.engines.hf.content_key import content_key
 from inference_worker.engines.hf.image_features import CachedImageProcessor, cache_image_features
 from inference_worker.engines.hf.preprocess import template_messages
 from tests.fixtures.chat_requests import chat_request, png_of
@@ -51,7 +51,7 @@ def model_dir(request, tiny_idefics3_dir, tiny_minicpmv46_dir):
 
 
 def load_processor(model_dir):
-    """The processor as the worker loads it (MiniCPM-V 4.6: its image-only processor, inference_worker's minicpmv.py)."""
+    """The processor as the worker loads it (MiniCPM-V 4.6: the image-only one of inference_worker's minicpmv.py)."""
     if "minicpmv46" in Path(model_dir).name:
         from inference_worker.engines.hf.minicpmv import MiniCPMVImageProcessor
         return MiniCPMVImageProcessor.from_pretrained(model_dir)
@@ -204,9 +204,9 @@ def test_a_frame_asked_about_again_skips_the_processor_and_keeps_its_exact_key(t
 
 
 def test_a_big_tensors_digest_is_kept_while_it_lives_unchanged():
-    big = torch.rand(frame_cache.MEMO_MIN_BYTES // 4 + 1000)
+    big = torch.rand(frame_keys.MEMO_MIN_BYTES // 4 + 1000)
     key = content_key("m", big)
-    assert id(big) in frame_cache._tensor_digests
+    assert id(big) in frame_keys._tensor_digests
     assert content_key("m", big) == key == content_key("m", big.clone())             # same values, same key
     big.add_(1.0)                                                                    # changed in place
     assert content_key("m", big) != key and content_key("m", big) == content_key("m", big.clone())
@@ -214,6 +214,6 @@ def test_a_big_tensors_digest_is_kept_while_it_lives_unchanged():
     big_id = id(big)
     del big
     gc.collect()
-    assert big_id not in frame_cache._tensor_digests                                 # forgotten with the tensor
+    assert big_id not in frame_keys._tensor_digests                                 # forgotten with the tensor
     small = torch.rand(16)
-    assert content_key(small) == content_key(small.clone()) and id(small) not in frame_cache._tensor_digests
+    assert content_key(small) == content_key(small.clone()) and id(small) not in frame_keys._tensor_digests

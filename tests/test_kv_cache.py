@@ -13,7 +13,8 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from inference_worker.config import DEFAULT_KV_SIMILAR_THRESHOLD
-from inference_worker.engines.hf.frame_cache import FrameCache, content_key, frame_distance, frame_signature, tensor_nbytes
+from inference_worker.engines.hf.content_key import content_key
+from inference_worker.engines.hf.frame_cache import FrameCache, frame_distance, frame_signature, tensor_nbytes
 from tests.fixtures.text_image import font_path
 
 pytestmark = [pytest.mark.model, pytest.mark.subprocess]

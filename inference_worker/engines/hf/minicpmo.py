@@ -25,7 +25,8 @@ import torch
 
 from inference_worker.engines.base import Prepared
 from inference_worker.engines.hf.decoding_engine import DecodingEngine, FailRow
-from inference_worker.engines.hf.frame_cache import FrameCache, content_key, tensor_nbytes
+from inference_worker.engines.hf.content_key import content_key
+from inference_worker.engines.hf.frame_cache import FrameCache, tensor_nbytes
 from inference_worker.engines.hf.rows import PromptInputs, Row
 from inference_worker.engines.options import EngineOptions
 from inference_worker.errors import PromptTooLongError

@@ -264,7 +264,8 @@ def prefix_length(ids: list[int], image_token: int | None) -> int:
 def frame_key(model_name: str, inputs: PromptInputs, images: list["Image"]) -> FrameKey:
     """Keys of a prompt's prefix in the FrameCache: the exact key hashes the preprocessed pixels, the prefix
     token ids and the model; the group key (who may stand in for whom) the same without the pixel values."""
-    from inference_worker.engines.hf.frame_cache import content_key, frame_signature
+    from inference_worker.engines.hf.content_key import content_key
+    from inference_worker.engines.hf.frame_cache import frame_signature
 
     tensors = {name: value for name, value in inputs.vision.items() if torch.is_tensor(value)}
     layout = {name: f"{tuple(value.shape)}{value.dtype}" for name, value in tensors.items()}
