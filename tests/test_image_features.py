@@ -167,6 +167,17 @@ def test_what_a_caller_pops_or_edits_does_not_reach_the_kept_output(model_dir):
     assert_same(dict(again), expected)
 
 
+def test_small_frames_are_kept_by_count_too_not_by_thousands(tiny_idefics3_dir):
+    processor, cached, counting = cached_processor(tiny_idefics3_dir)
+    images = [screen(size=(300 + i, 200)) for i in range(10)]
+    for image in images:
+        processed(processor, image)
+    assert len(cached._entries) == cached.max_entries == 4 and cached.num_bytes < cached.max_bytes / 100
+    processed(processor, images[-1])
+    processed(processor, images[0])
+    assert counting.num_calls == 11                                      # the newest kept, the oldest processed anew
+
+
 def test_it_travels_to_preprocessing_processes_without_its_entries(tiny_idefics3_dir):
     processor, cached, _ = cached_processor(tiny_idefics3_dir)
     processed(processor, screen())

@@ -28,20 +28,23 @@ import torch
 #: what the kept outputs may hold in all: two 1920x1080 frames of MiniCPM-V 4.6 (~24 MB of patches each), or four
 #: 800x600 frames of the Idefics3 stand-in (~15 MB each). The frames asked about again are the last one or two.
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+#: ... and at most this many, whatever their size: small frames (a small model's processor) must not fill the byte
+#: budget with thousands of entries that the frame KV cache's budget does not count (tests/test_kv_soak.py)
+DEFAULT_MAX_ENTRIES = 4
 _PLAIN = (str, int, float, bool, type(None))
-_OWN = frozenset({"inner", "max_bytes", "num_hits", "num_misses", "num_bytes", "_entries", "_lock"})
+_OWN = frozenset({"inner", "max_bytes", "max_entries", "num_hits", "num_misses", "num_bytes", "_entries", "_lock"})
 
 
 class CachedImageProcessor:
-    """`inner` (an image processor) with its recent outputs kept, LRU, at most `max_bytes` of tensors and arrays;
-    thread-safe (the preprocessing threads share it), picklable without its entries (preprocessing processes).
-    Every other attribute is `inner`'s."""
+    """`inner` (an image processor) with its recent outputs kept, LRU, at most `max_entries` of them and `max_bytes`
+    of tensors and arrays; thread-safe (the preprocessing threads share it), picklable without its entries
+    (preprocessing processes). Every other attribute is `inner`'s."""
 
-    def __init__(self, inner: Any, max_bytes: int = DEFAULT_MAX_BYTES):
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0; got {max_bytes!r}.")
-        for name, value in dict(inner=inner, max_bytes=max_bytes, num_hits=0, num_misses=0, num_bytes=0,
-                                _entries=OrderedDict(), _lock=threading.Lock()).items():
+    def __init__(self, inner: Any, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = DEFAULT_MAX_ENTRIES):
+        if max_bytes < 0 or max_entries < 0:
+            raise ValueError(f"max_bytes and max_entries must be >= 0; got {max_bytes!r}, {max_entries!r}.")
+        for name, value in dict(inner=inner, max_bytes=max_bytes, max_entries=max_entries, num_hits=0, num_misses=0,
+                                num_bytes=0, _entries=OrderedDict(), _lock=threading.Lock()).items():
             object.__setattr__(self, name, value)
 
     def __call__(self, images: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -77,10 +80,10 @@ class CachedImageProcessor:
         setattr(self.inner, name, value)
 
     def __getstate__(self) -> dict:
-        return {"inner": self.inner, "max_bytes": self.max_bytes}
+        return {"inner": self.inner, "max_bytes": self.max_bytes, "max_entries": self.max_entries}
 
     def __setstate__(self, state: dict) -> None:
-        CachedImageProcessor.__init__(self, state["inner"], state["max_bytes"])
+        CachedImageProcessor.__init__(self, state["inner"], state["max_bytes"], state["max_entries"])
 
     def clear(self) -> None:
         with self._lock:
@@ -89,12 +92,12 @@ class CachedImageProcessor:
 
     def _keep(self, key: bytes, output: Any) -> None:
         size, versions = _num_bytes(output), _versions(output)
-        if size > self.max_bytes or None in versions:
+        if size > self.max_bytes or self.max_entries == 0 or None in versions:
             return
         with self._lock:
             if key in self._entries:
                 self._drop(key)
-            while self._entries and self.num_bytes + size > self.max_bytes:
+            while self._entries and (self.num_bytes + size > self.max_bytes or len(self._entries) >= self.max_entries):
                 self._drop(next(iter(self._entries)))
             self._entries[key] = (output, size, versions)
             self.num_bytes += size
@@ -188,13 +191,14 @@ def _copy(output: Any) -> Any:
     return fresh
 
 
-def cache_image_features(processor: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> CachedImageProcessor | None:
+def cache_image_features(processor: Any, max_bytes: int = DEFAULT_MAX_BYTES,
+                         max_entries: int = DEFAULT_MAX_ENTRIES) -> CachedImageProcessor | None:
     """Wrap `processor.image_processor` (once); the wrapper, or None for a processor without one."""
     inner = getattr(processor, "image_processor", None)
     if inner is None:
         return None
     if isinstance(inner, CachedImageProcessor):
         return inner
-    cached = CachedImageProcessor(inner, max_bytes)
+    cached = CachedImageProcessor(inner, max_bytes, max_entries)
     processor.image_processor = cached
     return cached
