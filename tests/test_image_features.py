@@ -139,8 +139,10 @@ def test_kept_outputs_stay_within_their_byte_budget_oldest_dropped_first(tiny_id
     assert counting.num_calls == 3                                                       # the newest: kept
     processed(processor, images[0])
     assert counting.num_calls == 4                                                       # the oldest: dropped
-    assert CachedImageProcessor(processor.image_processor.inner, max_bytes=0)([[images[0]]],
-                                                                               return_tensors="pt") is not None
+    keeps_nothing = CachedImageProcessor(processor.image_processor.inner, max_bytes=0)
+    for _ in range(2):
+        keeps_nothing([[images[0]]], return_tensors="pt")
+    assert keeps_nothing.num_bytes == 0 and not keeps_nothing._entries and counting.num_calls == 6
 
 
 def test_an_output_changed_in_place_is_never_served_again(tiny_idefics3_dir):
